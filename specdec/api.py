@@ -1,0 +1,116 @@
+"""Python API: `specdec.load(...)` returns a SpecDecoder with generate() and stream()."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.engine import Engine, GenerationResult, StreamChunk
+from specdec.errors import SpecdecError
+from specdec.models.checkpoint import load_native, parse_dtype, read_hf_config
+from specdec.models.config import SUPPORTED_MODEL_TYPES
+from specdec.models.runner import NativeRunner
+from specdec.proposers import DraftModelProposer, PromptLookupProposer
+from specdec.sampling import SamplingParams
+from specdec.text import TextTokenizer
+
+METHODS = ("none", "draft", "ngram")
+MAX_DRAFT_TOKENS_LIMIT = 64
+
+
+def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: int | None = None):
+    config = read_hf_config(folder)
+    if backend not in ("auto", "native", "transformers"):
+        raise SpecdecError(f"unknown backend {backend!r}; choose auto, native or transformers")
+    if backend == "native" or (backend == "auto" and config.get("model_type") in SUPPORTED_MODEL_TYPES):
+        return NativeRunner(load_native(folder, dtype), max_len)
+    from specdec.models.hf_backend import TransformersRunner, load_transformers
+
+    return TransformersRunner(load_transformers(folder, dtype), max_len)
+
+
+def eos_token_ids(folder: str | Path) -> tuple[int, ...]:
+    folder = Path(folder)
+    gen_cfg = folder / "generation_config.json"
+    eos = None
+    if gen_cfg.is_file():
+        eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
+    if eos is None:
+        eos = read_hf_config(folder).get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (eos,)
+
+
+def _check_draft_tokens(name: str, k: int | None) -> None:
+    if k is None:
+        return
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_DRAFT_TOKENS_LIMIT:
+        raise SpecdecError(f"{name} must be an integer in [1, {MAX_DRAFT_TOKENS_LIMIT}], got {k!r}")
+
+
+class SpecDecoder:
+    def __init__(self, engine: Engine, target_path: Path, draft_path: Path | None):
+        self.engine = engine
+        self.target_path = target_path
+        self.draft_path = draft_path
+        self.tokenizer = engine.tokenizer
+
+    @property
+    def method(self) -> str:
+        return self.engine.method
+
+    @staticmethod
+    def sampling_params(**sampling) -> SamplingParams:
+        if "stop" in sampling:
+            stop = sampling["stop"]
+            sampling["stop"] = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        try:
+            return SamplingParams(**sampling)
+        except TypeError as e:
+            raise SpecdecError(f"unknown sampling parameter: {e}") from None
+
+    def generate(self, prompt: str | list[int], **sampling) -> GenerationResult:
+        return self.engine.generate(prompt, self.sampling_params(**sampling))
+
+    def stream(self, prompt: str | list[int], **sampling) -> Iterator[StreamChunk]:
+        params = self.sampling_params(**sampling)
+        self.engine.encode_prompt(prompt)  # fail before the first chunk
+        return self.engine.stream(prompt, params)
+
+
+def load(target: str | Path | None = None, draft: str | Path | None = None, method: str = "none",
+         dtype: str = "float32", backend: str = "auto", draft_tokens: int | None = None,
+         max_draft_tokens: int = 8, max_len: int | None = None) -> SpecDecoder:
+    """Load a target (None = the bundled model) and, for method='draft', a draft model
+    (None = the bundled draft when the target is bundled). draft_tokens fixes K; by default
+    K adapts per step up to max_draft_tokens."""
+    if method not in METHODS:
+        raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    parse_dtype(dtype)
+    _check_draft_tokens("draft_tokens", draft_tokens)
+    _check_draft_tokens("max_draft_tokens", max_draft_tokens)
+    target_path = Path(target) if target is not None else DEFAULT_TARGET
+    target_runner = load_runner(target_path, dtype, backend, max_len)
+    tokenizer = TextTokenizer(target_path)
+    draft_path = None
+    proposer = None
+    if method == "draft":
+        if draft is None and target is not None:
+            raise SpecdecError("method 'draft' needs a draft model (--draft DIR): no draft is "
+                               "bundled for a custom target")
+        draft_path = Path(draft) if draft is not None else DEFAULT_DRAFT
+        draft_runner = load_runner(draft_path, dtype, backend, target_runner.max_len)
+        if draft_runner.vocab_size != target_runner.vocab_size:
+            raise SpecdecError(f"draft vocabulary size {draft_runner.vocab_size} differs from the "
+                               f"target's {target_runner.vocab_size}; the draft must share the "
+                               "target's tokenizer")
+        proposer = DraftModelProposer(draft_runner)
+    elif method == "ngram":
+        proposer = PromptLookupProposer()
+    elif draft is not None:
+        raise SpecdecError(f"a draft model was given but method is {method!r}; use method 'draft'")
+    engine = Engine(target_runner, tokenizer, proposer, method, eos_token_ids(target_path),
+                    max_draft_tokens=draft_tokens or max_draft_tokens, fixed_draft_tokens=draft_tokens)
+    return SpecDecoder(engine, target_path, draft_path)

@@ -1,0 +1,2 @@
+"""placeholder"""
+def add_parser(sub): pass

@@ -1,0 +1,88 @@
+"""Adaptive draft length: each step pick the K (0 = a plain step) that maximises expected
+tokens per second, from measured costs and a running estimate of the per-token acceptance.
+
+Expected tokens from a step with K drafts, if each draft survives with probability a given
+its predecessors did: 1 + a + ... + a^K = (1 - a^(K+1)) / (1 - a). Cost of the step:
+target forward over K+1 tokens + K draft tokens + per-step overhead, all measured online."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DraftLengthController:
+    max_k: int = 8
+    fixed_k: int | None = None  # a fixed K disables adaptation
+    prior_acceptance: float = 0.6
+    prior_weight: float = 2.0
+    decay: float = 0.9  # forgetting per observation: acceptance drifts with the text
+    probe_every: int = 16  # when plain steps win, still try K=1 this often to track acceptance
+    time_decay: float = 0.8
+    accepted_count: float = 0.0
+    rejected_count: float = 0.0
+    target_seconds: dict[int, float] = field(default_factory=dict)  # EMA by K
+    draft_seconds_per_token: float | None = None
+    overhead_seconds: dict[bool, float] = field(default_factory=dict)  # keyed by K > 0
+    plain_streak: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        a = ((self.accepted_count + self.prior_weight * self.prior_acceptance)
+             / (self.accepted_count + self.rejected_count + self.prior_weight))
+        return min(a, 0.999)
+
+    def expected_tokens(self, k: int) -> float:
+        a = self.acceptance
+        return (1 - a ** (k + 1)) / (1 - a)
+
+    def target_time(self, k: int) -> float:
+        """Measured EMA for K, else a line fitted through the measured points."""
+        if k in self.target_seconds:
+            return self.target_seconds[k]
+        pts = sorted(self.target_seconds.items())
+        if len(pts) == 1:
+            k0, t0 = pts[0]
+            return t0 * (1 + 0.1 * (k - k0)) if k > k0 else t0
+        n = len(pts)
+        mk = sum(p[0] for p in pts) / n
+        mt = sum(p[1] for p in pts) / n
+        var = sum((p[0] - mk) ** 2 for p in pts)
+        slope = max(0.0, sum((p[0] - mk) * (p[1] - mt) for p in pts) / var)
+        return max(mt + slope * (k - mk), min(p[1] for p in pts))
+
+    def step_cost(self, k: int) -> float:
+        cost = self.target_time(k) + self.overhead_seconds.get(k > 0, 0.0)
+        if k > 0:
+            cost += k * (self.draft_seconds_per_token or 0.0)
+        return cost
+
+    def choose(self, limit: int) -> int:
+        """K for the next step, at most `limit` (tokens left, cache room)."""
+        limit = max(0, limit)
+        if self.fixed_k is not None:
+            return min(self.fixed_k, limit)
+        upper = min(self.max_k, limit)
+        if upper == 0:
+            return 0
+        if not self.target_seconds or self.draft_seconds_per_token is None:
+            return min(upper, 4)  # first step: measure a speculative step
+        best = max(range(upper + 1), key=lambda k: self.expected_tokens(k) / self.step_cost(k))
+        if best == 0:
+            self.plain_streak += 1
+            if 0 not in self.target_seconds or self.plain_streak % self.probe_every == 0:
+                return 1 if 0 in self.target_seconds else 0
+        else:
+            self.plain_streak = 0
+        return best
+
+    def observe(self, k: int, num_accepted: int, target_seconds: float,
+                draft_seconds: float, overhead_seconds: float) -> None:
+        def ema(old: float | None, new: float) -> float:
+            return new if old is None else self.time_decay * old + (1 - self.time_decay) * new
+
+        self.target_seconds[k] = ema(self.target_seconds.get(k), target_seconds)
+        self.overhead_seconds[k > 0] = ema(self.overhead_seconds.get(k > 0), overhead_seconds)
+        if k > 0:
+            self.draft_seconds_per_token = ema(self.draft_seconds_per_token, draft_seconds / k)
+            self.accepted_count = self.decay * self.accepted_count + num_accepted
+            self.rejected_count = self.decay * self.rejected_count + (1 if num_accepted < k else 0)

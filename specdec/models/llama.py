@@ -1,0 +1,176 @@
+"""Native Llama-family decoder (llama, mistral, qwen2) in one small file, in the spirit of
+gpt-fast/nanoGPT. Module names mirror the Hugging Face checkpoint names, so loading is a
+plain state-dict copy and saving gives a folder `transformers` reads unchanged."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.cache import KVCache
+from specdec.models.config import ModelConfig
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in (None, "default"):
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: none, linear, llama3")
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float() if dtype in (torch.float16, torch.bfloat16) else x
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        hd, nh, nkv = config.head_dim, config.num_attention_heads, config.num_key_value_heads
+        self.q_proj = nn.Linear(config.hidden_size, nh * hd, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, nkv * hd, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, nkv * hd, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(nh * hd, config.hidden_size, bias=False)
+        self.nh, self.nkv, self.hd = nh, nkv, hd
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if cache is not None:
+            k, v = cache.update(layer, k, v)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None and cache is None and T > 1,
+            enable_gqa=self.nkv != self.nh)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, cache, layer):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaModel(nn.Module):
+    """forward(ids, positions, cache, attn_mask) -> logits (and final hidden states).
+
+    ids: [B, T]; positions: [T] or [B, T]; attn_mask: optional bool [T, T] over the new tokens
+    (True = may attend), e.g. a tree mask; without it the new tokens are causal. Every new
+    token always sees the whole cache prefix."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(config).float(), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def new_cache(self, max_len: int | None = None, batch_size: int = 1) -> KVCache:
+        c = self.config
+        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
+                       max_len or c.max_position_embeddings, self.dtype, self.device, batch_size)
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.to(torch.float64)[..., None] * self.inv_freq.to(torch.float64)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        if emb.dim() == 2:
+            emb = emb[None]
+        emb = emb[:, None]  # [B or 1, 1, T, hd]
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    def hidden_states(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
+                      cache: KVCache | None = None,
+                      attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        T = ids.shape[1]
+        past = cache.length if cache is not None else 0
+        if positions is None:
+            positions = torch.arange(past, past + T, device=ids.device)
+        cos, sin = self.rope(positions)
+        mask = None
+        if attn_mask is not None:
+            mask = torch.cat([torch.ones(T, past, dtype=torch.bool, device=ids.device),
+                              attn_mask.to(torch.bool)], dim=1)
+        elif cache is not None and T > 1:
+            mask = torch.ones(T, past + T, dtype=torch.bool, device=ids.device).tril(past)
+        x = self.model.embed_tokens(ids)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, mask, cache, i)
+        if cache is not None:
+            cache.advance(T)
+        return self.model.norm(x)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
+                cache: KVCache | None = None, attn_mask: torch.Tensor | None = None,
+                return_hidden: bool = False):
+        h = self.hidden_states(ids, positions, cache, attn_mask)
+        logits = self.lm_head(h)
+        return (logits, h) if return_hidden else logits

@@ -1,0 +1,45 @@
+"""A model plus its KV cache behind the small interface the decode loop needs. The native
+runner supports tree masks and hidden states; the transformers runner (hf_backend.py) supports
+chain decoding for any causal LM."""
+from __future__ import annotations
+
+import torch
+
+from specdec.cache import KVCache
+from specdec.models.llama import LlamaModel
+
+
+class NativeRunner:
+    supports_tree = True
+
+    def __init__(self, model: LlamaModel, max_len: int | None = None):
+        self.model = model
+        self.vocab_size = model.config.vocab_size
+        self.max_len = min(max_len or model.config.max_position_embeddings,
+                           model.config.max_position_embeddings)
+        self.cache: KVCache = model.new_cache(self.max_len)
+        self.last_hidden: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def reset(self) -> None:
+        self.cache.rollback(0)
+
+    @torch.inference_mode()
+    def extend(self, ids: list[int], attn_mask: torch.Tensor | None = None,
+               positions: torch.Tensor | None = None, want_hidden: bool = False) -> torch.Tensor:
+        """Append ids to the cache; return their logits [T, V] (hidden states in last_hidden)."""
+        x = torch.tensor([ids], dtype=torch.long, device=self.model.device)
+        if positions is not None:
+            positions = positions.to(self.model.device)
+        logits, hidden = self.model(x, positions, self.cache, attn_mask, return_hidden=True)
+        self.last_hidden = hidden[0] if want_hidden else None
+        return logits[0]
+
+    def rollback(self, length: int) -> None:
+        self.cache.rollback(length)
+
+    def keep(self, start: int, offsets: list[int]) -> None:
+        self.cache.keep(start, offsets)

@@ -1,0 +1,51 @@
+"""A small draft model with its own KV cache, proposing a chain of k tokens."""
+from __future__ import annotations
+
+import torch
+
+from specdec.proposers.base import Proposal
+from specdec.sampling import SamplingParams, final_probs
+
+
+class DraftModelProposer:
+    name = "draft"
+    cost_per_token_matters = True
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.cached: list[int] = []  # the tokens whose keys/values are in the draft cache
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.runner.reset()
+        self.cached = []
+
+    def _sync(self, context: list[int]) -> list[int]:
+        """Roll the draft cache back to its common prefix with context; return what to feed."""
+        n = 0
+        limit = min(len(self.cached), len(context) - 1)  # always feed at least one token
+        while n < limit and self.cached[n] == context[n]:
+            n += 1
+        self.runner.rollback(n)
+        del self.cached[n:]
+        return context[n:]
+
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Proposal:
+        k = min(k, self.runner.max_len - len(context))
+        if k <= 0:
+            return Proposal([], None)
+        feed = self._sync(context)
+        tokens, rows = [], []
+        for _ in range(k):
+            logits = self.runner.extend(feed)[-1]
+            self.cached.extend(feed)
+            probs = final_probs(logits, params)
+            token = int(probs.argmax()) if params.greedy else int(
+                torch.multinomial(probs, 1, generator=generator))
+            tokens.append(token)
+            rows.append(probs)
+            feed = [token]
+        return Proposal(tokens, torch.stack(rows))
+
+    def accepted(self, num_drafted: int, num_accepted: int) -> None:
+        pass

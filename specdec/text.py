@@ -1,0 +1,80 @@
+"""Tokenizer loading and incremental detokenization for streaming: text is released only when
+it is complete UTF-8 and cannot be the start of a stop string."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from specdec.errors import SpecdecError
+
+
+class TextTokenizer:
+    def __init__(self, folder: str | Path):
+        path = Path(folder) / "tokenizer.json"
+        if not path.is_file():
+            raise SpecdecError(f"{str(folder)!r} has no tokenizer.json")
+        self.tok = Tokenizer.from_file(str(path))
+        cfg_path = Path(folder) / "tokenizer_config.json"
+        self.config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        self.vocab_size = self.tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def token_id(self, token: str) -> int | None:
+        return self.tok.token_to_id(token)
+
+
+class TextStream:
+    """Turns a growing list of token ids into text deltas, applying stop strings."""
+
+    def __init__(self, tokenizer: TextTokenizer, stop: tuple[str, ...] = ()):
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.ids: list[int] = []
+        self.emitted = ""
+        self.stopped = False
+
+    def _full_text(self) -> str:
+        return self.tokenizer.decode(self.ids)
+
+    def push(self, new_ids: list[int]) -> str:
+        """Add tokens; return the newly releasable text (may be empty)."""
+        self.ids.extend(new_ids)
+        text = self._full_text()
+        for s in self.stop:
+            at = text.find(s, max(0, len(self.emitted) - len(s)))
+            if at != -1:
+                self.stopped = True
+                text = text[:at]
+        if not self.stopped:
+            if text.endswith("\ufffd"):  # an incomplete multi-byte character
+                text = text.rstrip("\ufffd")
+            text = text[:len(text) - self._held_back(text)]
+        delta = text[len(self.emitted):] if len(text) > len(self.emitted) else ""
+        self.emitted += delta
+        return delta
+
+    def _held_back(self, text: str) -> int:
+        """Length of the longest suffix of text that could begin a stop string."""
+        best = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:n]):
+                    best = n
+                    break
+        return best
+
+    def finish(self) -> str:
+        """Release whatever is held back once generation ends."""
+        if self.stopped:
+            return ""
+        text = self._full_text()
+        delta = text[len(self.emitted):]
+        self.emitted += delta
+        return delta

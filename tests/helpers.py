@@ -1,0 +1,65 @@
+"""Tiny random models and tokenizers for fast tests."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from specdec.models import LlamaModel, ModelConfig, save_native
+from specdec.train.tokenizer import save_tokenizer, train_tokenizer
+
+SAMPLE_TEXT = [
+    "def add(a, b):\n    return a + b\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "for i in range(10):\n    print(i * i)\n",
+    "héllo wörld — ünïcödé 日本語 テキスト 🙂\n",
+] * 20
+
+
+def char_tokenizer(vocab_size: int) -> Tokenizer:
+    """A tokenizer whose ids 0..vocab_size-1 are single characters (id 0 = EOS)."""
+    chars = ["<|endoftext|>"] + [chr(ord("a") + i) for i in range(vocab_size - 1)]
+    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    return tok
+
+
+def make_model_dir(path: Path, model_type: str = "llama", vocab_size: int | None = None,
+                   seed: int = 0, hidden_size: int = 32, layers: int = 2, heads: int = 4,
+                   kv_heads: int = 2, tie: bool = False, rope_scaling: dict | None = None,
+                   max_pos: int = 256, scale: float = 1.0, tokenizer: str = "bpe") -> Path:
+    """Save a random model (HF layout) plus a tokenizer. tokenizer='bpe' trains a small
+    byte-level BPE (vocab_size ignored); 'char' builds a vocab_size-character tokenizer."""
+    path.mkdir(parents=True, exist_ok=True)
+    if tokenizer == "bpe":
+        tok = train_tokenizer(SAMPLE_TEXT, vocab_size=400)
+        save_tokenizer(tok, path)
+        vocab_size = tok.get_vocab_size()
+    else:
+        tok = char_tokenizer(vocab_size)
+        tok.save(str(path / "tokenizer.json"))
+    cfg = ModelConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                      max_position_embeddings=max_pos, tie_word_embeddings=tie, model_type=model_type,
+                      rope_scaling=rope_scaling, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(seed)
+    model = LlamaModel(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.02 * scale * 10)
+            elif p.dim() == 1 and not isinstance(p, torch.nn.Parameter):
+                pass
+        if model_type == "qwen2":
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.1)
+    save_native(model, path, generation_config={"eos_token_id": 0, "bos_token_id": 0})
+    return path
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,107 @@
+"""Native runtime vs transformers' own model classes on the same saved weights."""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from specdec.models import load_native, save_native
+from specdec.models.checkpoint import load_state_dict
+
+from helpers import make_model_dir
+
+CONFIGS = [
+    dict(model_type="llama"),
+    dict(model_type="llama", tie=True, kv_heads=1, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    dict(model_type="llama", rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    # Mistral's sliding window (4096 by default) exceeds the 256-token context, so it never applies.
+    dict(model_type="mistral", kv_heads=2),
+    dict(model_type="qwen2", tie=True, kv_heads=2),
+]
+
+
+@pytest.fixture(scope="module", params=CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values())[:40])
+def model_pair(request, tmp_path_factory):
+    path = make_model_dir(tmp_path_factory.mktemp("m"), tokenizer="char", vocab_size=50, **request.param)
+    native = load_native(path, "float32")
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    return native, hf
+
+
+def test_whole_sequence_logits_match(model_pair):
+    native, hf = model_pair
+    ids = torch.randint(0, 50, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(native(ids), hf(ids).logits, atol=1e-4)
+
+
+def test_incremental_and_rollback_match(model_pair):
+    native, hf = model_pair
+    ids = torch.randint(0, 50, (1, 48), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = hf(ids).logits[0]
+        cache = native.new_cache(64)
+        parts = [native(ids[:, :20], cache=cache)[0]]
+        for i in range(20, 30):
+            parts.append(native(ids[:, i:i + 1], cache=cache)[0])
+        assert torch.allclose(torch.cat(parts), want[:30], atol=1e-4)
+        # speculate garbage, roll back, continue with the true tokens
+        native(torch.randint(0, 50, (1, 5)), cache=cache)
+        cache.rollback(30)
+        rest = native(ids[:, 30:], cache=cache)[0]
+        assert torch.allclose(rest, want[30:], atol=1e-4)
+        assert cache.length == 48
+
+
+def test_tree_mask_and_keep(model_pair):
+    """Two branches scored in one pass with a tree mask equal scoring each branch alone;
+    keeping one branch in the cache equals having fed only it."""
+    native, _ = model_pair
+    ids = torch.randint(0, 50, (1, 12), generator=torch.Generator().manual_seed(3))
+    a, b = [5, 6], [7, 8]
+    with torch.no_grad():
+        cache = native.new_cache(64)
+        native(ids, cache=cache)
+        tree = torch.tensor([a + b])
+        mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]], dtype=torch.bool)
+        pos = torch.tensor([12, 13, 12, 13])
+        tree_logits = native(tree, pos, cache, mask)[0]
+        cache.keep(12, [2, 3])
+        after = native(torch.tensor([[9]]), cache=cache)[0]
+        alone = native(torch.cat([ids, torch.tensor([b + [9]])], 1))[0]
+        assert torch.allclose(tree_logits[2:], alone[12:14], atol=1e-4)
+        assert torch.allclose(after, alone[14:], atol=1e-4)
+        ref_a = native(torch.cat([ids, torch.tensor([a])], 1))[0]
+        assert torch.allclose(tree_logits[:2], ref_a[12:14], atol=1e-4)
+
+
+def test_save_roundtrip_and_dtypes(model_pair, tmp_path):
+    native, _ = model_pair
+    save_native(native, tmp_path)
+    for dtype in ("float32", "float64", "bfloat16", "float16"):
+        m = load_native(tmp_path, dtype)
+        assert m.dtype == getattr(torch, dtype)
+        out = m(torch.tensor([[1, 2, 3]]))
+        assert torch.isfinite(out.float()).all()
+    state = load_state_dict(tmp_path)
+    for k, v in native.state_dict().items():
+        if k in state:
+            assert torch.equal(state[k], v)
+
+
+def test_sharded_checkpoint(tmp_path):
+    import json
+    from safetensors.torch import load_file, save_file
+
+    path = make_model_dir(tmp_path / "m", tokenizer="char", vocab_size=30)
+    state = load_file(str(path / "model.safetensors"))
+    keys = sorted(state)
+    halves = [keys[: len(keys) // 2], keys[len(keys) // 2:]]
+    weight_map = {}
+    for i, part in enumerate(halves):
+        name = f"model-0000{i + 1}-of-00002.safetensors"
+        save_file({k: state[k] for k in part}, str(path / name))
+        weight_map.update({k: name for k in part})
+    (path / "model.safetensors").unlink()
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    m = load_native(path)
+    assert torch.equal(m.model.embed_tokens.weight, state["model.embed_tokens.weight"])
