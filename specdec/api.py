@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.bundled import DEFAULT_DRAFT, DEFAULT_EAGLE, DEFAULT_MEDUSA, DEFAULT_TARGET
 from specdec.engine import Engine, GenerationResult, StreamChunk
 from specdec.errors import SpecdecError
 from specdec.models.checkpoint import load_native, parse_dtype, read_hf_config
@@ -15,7 +15,7 @@ from specdec.proposers import DraftModelProposer, PromptLookupProposer
 from specdec.sampling import SamplingParams
 from specdec.text import TextTokenizer
 
-METHODS = ("none", "draft", "ngram")
+METHODS = ("none", "draft", "ngram", "medusa", "eagle")
 MAX_DRAFT_TOKENS_LIMIT = 64
 
 
@@ -41,6 +41,31 @@ def eos_token_ids(folder: str | Path) -> tuple[int, ...]:
     if eos is None:
         return ()
     return tuple(eos) if isinstance(eos, list) else (eos,)
+
+
+def head_proposer(method: str, folder: Path, target_runner, tree_nodes: int | None):
+    """Medusa or EAGLE proposer on top of the target's own embedding and lm_head."""
+    from specdec.proposers.eagle import EagleProposer, TreeShape, load_eagle
+    from specdec.proposers.medusa import MedusaProposer, load_medusa
+
+    model = target_runner.model
+    cfg = model.config
+    loader = load_medusa if method == "medusa" else load_eagle
+    head, meta = loader(folder, model.dtype)
+    hidden = meta.get("hidden_size") or meta["head_config"]["hidden_size"]
+    vocab = meta.get("target_vocab_size", cfg.vocab_size)
+    if hidden != cfg.hidden_size or vocab != cfg.vocab_size:
+        raise SpecdecError(f"the {method} head in {str(folder)!r} was trained for a target with hidden size "
+                           f"{hidden} and vocabulary {vocab}; this target has {cfg.hidden_size} and {cfg.vocab_size}")
+    if method == "medusa":
+        choices = [tuple(c) for c in meta["tree"]]
+        if tree_nodes is not None:
+            choices = choices[:tree_nodes]
+        return MedusaProposer(head, model.lm_head, choices)
+    shape = TreeShape(**meta.get("tree", {}))
+    if tree_nodes is not None:
+        shape.nodes = tree_nodes
+    return EagleProposer(head, model.model.embed_tokens, model.lm_head, target_runner.max_len, shape)
 
 
 def _check_draft_tokens(name: str, k: int | None) -> None:
@@ -82,15 +107,18 @@ class SpecDecoder:
 
 def load(target: str | Path | None = None, draft: str | Path | None = None, method: str = "none",
          dtype: str = "float32", backend: str = "auto", draft_tokens: int | None = None,
-         max_draft_tokens: int = 8, max_len: int | None = None) -> SpecDecoder:
+         max_draft_tokens: int = 8, max_len: int | None = None,
+         tree_nodes: int | None = None) -> SpecDecoder:
     """Load a target (None = the bundled model) and, for method='draft', a draft model
-    (None = the bundled draft when the target is bundled). draft_tokens fixes K; by default
-    K adapts per step up to max_draft_tokens."""
+    (None = the bundled draft when the target is bundled); for 'medusa'/'eagle', `draft` is
+    the head folder. draft_tokens fixes K (chain) or the tree size; by default they adapt per
+    step up to max_draft_tokens (chain) or tree_nodes (trees)."""
     if method not in METHODS:
         raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     parse_dtype(dtype)
     _check_draft_tokens("draft_tokens", draft_tokens)
     _check_draft_tokens("max_draft_tokens", max_draft_tokens)
+    _check_draft_tokens("tree_nodes", tree_nodes)
     target_path = Path(target) if target is not None else DEFAULT_TARGET
     target_runner = load_runner(target_path, dtype, backend, max_len)
     tokenizer = TextTokenizer(target_path)
@@ -109,6 +137,14 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
         proposer = DraftModelProposer(draft_runner)
     elif method == "ngram":
         proposer = PromptLookupProposer()
+    elif method in ("medusa", "eagle"):
+        if not getattr(target_runner, "supports_tree", False):
+            raise SpecdecError(f"method {method!r} needs the native runtime (llama, mistral, qwen2)")
+        if draft is None and target is not None:
+            raise SpecdecError(f"method {method!r} needs a {method} head folder (--draft DIR): none is "
+                               "bundled for a custom target")
+        draft_path = Path(draft) if draft is not None else (DEFAULT_MEDUSA if method == "medusa" else DEFAULT_EAGLE)
+        proposer = head_proposer(method, draft_path, target_runner, tree_nodes)
     elif draft is not None:
         raise SpecdecError(f"a draft model was given but method is {method!r}; use method 'draft'")
     engine = Engine(target_runner, tokenizer, proposer, method, eos_token_ids(target_path),

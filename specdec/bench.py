@@ -1,2 +1,310 @@
-"""placeholder"""
-def add_parser(sub): pass
+"""`specdec bench`: side-by-side tokens/s of every method in one run, on a fixed prompt suite
+(code completion from held-out stdlib files, an edit task that repeats the prompt, free
+text), with the `transformers` peer (plain, assisted generation, prompt lookup) on the same
+checkpoints and prompts. Speedups are ratios to `none` measured in the same run."""
+from __future__ import annotations
+
+import ast
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from specdec.errors import SpecdecError
+
+SPECDEC_METHODS = ("none", "draft", "ngram", "medusa", "eagle")
+PEER_METHODS = ("hf", "hf-assisted", "hf-lookup")
+TASKS = ("code", "edit", "freetext")
+
+
+@dataclass
+class Prompt:
+    task: str
+    name: str
+    text: str
+
+
+@dataclass
+class Row:
+    method: str
+    task: str
+    temperature: float
+    new_tokens: int
+    wall_seconds: float
+    tokens_per_second: float
+    speedup: float | None = None
+    mean_accepted_length: float | None = None
+    acceptance_rate: float | None = None
+    mean_draft_tokens: float | None = None
+    cost_model_bound: float | None = None
+    model_memory_mb: float | None = None
+
+
+def _functions(path: Path) -> list[tuple[str, str]]:
+    """(header through the signature line, full source) of top-level functions/methods."""
+    source = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    lines = source.splitlines(keepends=True)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno >= 6:
+            body_start = node.body[0].lineno - 1
+            start = node.lineno - 1 - len(node.decorator_list)
+            out.append(("".join(lines[max(0, start - 12):body_start]), "".join(lines[start:node.end_lineno])))
+    return out
+
+
+def build_suite(per_task: int = 3) -> list[Prompt]:
+    """Deterministic prompts from the held-out stdlib files (never trained on)."""
+    from specdec.train.corpus import split_files, stdlib_root
+
+    _, held = split_files(stdlib_root())
+    funcs = [(p.name, h, s) for p in held for h, s in _functions(p)]
+    if not funcs:
+        raise SpecdecError("no held-out functions found to build the benchmark prompts")
+    step = max(1, len(funcs) // (3 * per_task))
+    picked = funcs[::step]
+    prompts = []
+    for name, header, _ in picked[:per_task]:
+        prompts.append(Prompt("code", name, header[-1200:]))
+    for name, _, src in picked[per_task:2 * per_task]:
+        first_line = src.splitlines(keepends=True)[0]
+        body = src[:1500]
+        prompts.append(Prompt("edit", name, f"{body}\n\n# Copy of the function above, unchanged:\n{first_line}"))
+    for name, _, src in picked[2 * per_task:3 * per_task]:
+        prompts.append(Prompt("freetext", name, f"{src[-600:]}\n\n# Notes\n#\n# This module is used to"))
+    return prompts
+
+
+def _model_memory_mb(*runners) -> float:
+    total = 0
+    for r in runners:
+        model = r.model
+        seen = set()
+        for t in list(model.parameters()) + list(model.buffers()):
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+        cache = getattr(r, "cache", None)
+        for buf in getattr(cache, "keys", []) + getattr(cache, "values", []):
+            if torch.is_tensor(buf):
+                total += buf.numel() * buf.element_size()
+    return total / 2**20
+
+
+class SpecdecRunner:
+    def __init__(self, decoder):
+        self.decoder = decoder
+        decoder.engine.eos_ids = set()  # every run produces exactly max_new_tokens
+
+    def memory_mb(self) -> float:
+        runners = [self.decoder.engine.target]
+        proposer = self.decoder.engine.proposer
+        if proposer is not None and hasattr(proposer, "runner"):
+            runners.append(proposer.runner)
+        return _model_memory_mb(*runners)
+
+    def run(self, prompt: str, temperature: float, max_new: int, seed: int):
+        r = self.decoder.generate(prompt, temperature=temperature, max_new_tokens=max_new, seed=seed)
+        return r.stats
+
+
+class PeerRunner:
+    """transformers generate(): plain, with assistant_model, or with prompt_lookup_num_tokens."""
+
+    def __init__(self, mode: str, target_dir: Path, draft_dir: Path | None, tokenizer):
+        from specdec.models.hf_backend import load_transformers
+
+        self.mode = mode
+        self.model = load_transformers(target_dir)
+        self.assistant = load_transformers(draft_dir) if mode == "hf-assisted" else None
+        self.tokenizer = tokenizer
+
+    def memory_mb(self) -> float:
+        class _R:  # weights only: transformers' dynamic caches are transient
+            def __init__(self, model):
+                self.model = model
+
+        runners = [_R(self.model)] + ([_R(self.assistant)] if self.assistant is not None else [])
+        return _model_memory_mb(*runners)
+
+    @torch.inference_mode()
+    def run(self, prompt: str, temperature: float, max_new: int, seed: int):
+        from specdec.engine import GenerationStats
+
+        ids = torch.tensor([self.tokenizer.encode(prompt)])
+        kw = dict(max_new_tokens=max_new, min_new_tokens=max_new, eos_token_id=None, pad_token_id=0,
+                  attention_mask=torch.ones_like(ids), do_sample=temperature > 0)
+        if temperature > 0:
+            kw.update(temperature=temperature, top_k=0, top_p=1.0)
+        if self.assistant is not None:
+            kw["assistant_model"] = self.assistant
+        if self.mode == "hf-lookup":
+            kw["prompt_lookup_num_tokens"] = 10
+        torch.manual_seed(seed)
+        t0 = time.perf_counter()
+        out = self.model.generate(ids, **kw)
+        stats = GenerationStats(self.mode)
+        stats.wall_seconds = time.perf_counter() - t0
+        stats.new_tokens = out.shape[1] - ids.shape[1]
+        return stats
+
+
+def cost_model_bound(stats, plain_seconds_per_token: float) -> float | None:
+    """Speedup the measured acceptance allows if a K-token verify cost one plain forward:
+    tokens per step / (1 + K * draft_cost / target_cost)."""
+    if not stats.target_forwards or not stats.drafted_tokens or plain_seconds_per_token <= 0:
+        return None
+    mean_k = stats.drafted_tokens / stats.target_forwards
+    c = (stats.draft_seconds / stats.drafted_tokens) / plain_seconds_per_token
+    return stats.mean_accepted_length / (1 + mean_k * c)
+
+
+def run_bench(methods: list[str], temperatures: list[float], tasks: list[str], target: str | None,
+              draft: str | None, max_new_tokens: int, per_task: int, draft_tokens: int | None,
+              dtype: str = "float32", heads: dict | None = None, log=print) -> list[Row]:
+    import specdec
+    from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
+    from specdec.engine import GenerationStats
+
+    target_dir = Path(target) if target else DEFAULT_TARGET
+    draft_dir = Path(draft) if draft else (DEFAULT_DRAFT if target is None else None)
+    heads = heads or {}
+    prompts = [p for p in build_suite(per_task) if p.task in tasks]
+    runners = {}
+    for m in methods:
+        if m in SPECDEC_METHODS:
+            drafter = {"draft": draft, "medusa": heads.get("medusa"), "eagle": heads.get("eagle")}.get(m)
+            runners[m] = SpecdecRunner(specdec.load(target=target, draft=drafter, method=m, dtype=dtype,
+                                                    draft_tokens=draft_tokens))
+        elif m in PEER_METHODS:
+            if m == "hf-assisted" and draft_dir is None:
+                raise SpecdecError("hf-assisted needs a draft model (--draft)")
+            tok = specdec.load(target=target).tokenizer
+            runners[m] = PeerRunner(m, target_dir, draft_dir, tok)
+        else:
+            raise SpecdecError(f"unknown bench method {m!r}; choose from "
+                               f"{', '.join(SPECDEC_METHODS + PEER_METHODS)}")
+    for runner in runners.values():  # warm-up
+        runner.run(prompts[0].text, 0.0, 8, 0)
+    rows = []
+    for task in tasks:
+        task_prompts = [p for p in prompts if p.task == task]
+        for temp in temperatures:
+            plain_tps = None
+            for m, runner in runners.items():
+                all_stats = [runner.run(p.text, temp, max_new_tokens, seed=i) for i, p in enumerate(task_prompts)]
+                s = GenerationStats.merge(all_stats)
+                row = Row(m, task, temp, s.new_tokens, round(s.wall_seconds, 3), round(s.tokens_per_second, 2),
+                          model_memory_mb=round(runner.memory_mb(), 1))
+                if m == "none":
+                    plain_tps = s.tokens_per_second
+                if m in SPECDEC_METHODS and m != "none":
+                    row.mean_accepted_length = round(s.mean_accepted_length, 3)
+                    row.acceptance_rate = round(s.acceptance_rate, 3)
+                    row.mean_draft_tokens = round(s.drafted_tokens / max(1, s.target_forwards), 2)
+                    if plain_tps:
+                        bound = cost_model_bound(s, 1.0 / plain_tps)
+                        row.cost_model_bound = round(bound, 3) if bound else None
+                rows.append(row)
+                log(f"{task:9s} T={temp:<4} {m:12s} {row.tokens_per_second:8.1f} tok/s")
+            if plain_tps:
+                for row in rows:
+                    if row.task == task and row.temperature == temp:
+                        row.speedup = round(row.tokens_per_second / plain_tps, 3)
+    return rows
+
+
+def print_table(rows: list[Row]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="specdec bench (speedup = tokens/s ratio to `none` in the same run)")
+    for col in ("task", "T", "method", "tok/s", "speedup", "mean acc. len", "acc. rate", "mean K",
+                "bound", "mem MB"):
+        table.add_column(col, justify="right")
+    fmt = lambda v, f="{:.2f}": "-" if v is None else f.format(v)
+    for r in rows:
+        table.add_row(r.task, f"{r.temperature:g}", r.method, fmt(r.tokens_per_second, "{:.1f}"),
+                      fmt(r.speedup), fmt(r.mean_accepted_length), fmt(r.acceptance_rate),
+                      fmt(r.mean_draft_tokens), fmt(r.cost_model_bound), fmt(r.model_memory_mb, "{:.0f}"))
+    Console().print(table)
+
+
+def plot(rows: list[Row], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted({r.task for r in rows}, key=TASKS.index)
+    methods = [m for m in dict.fromkeys(r.method for r in rows) if m != "none"]
+    temps = sorted({r.temperature for r in rows})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
+    width = 0.8 / max(1, len(methods))
+    for ax, task in zip(axes[0], tasks):
+        for j, m in enumerate(methods):
+            vals = [next((r.speedup or 0 for r in rows if r.task == task and r.method == m and r.temperature == t), 0)
+                    for t in temps]
+            ax.bar([i + j * width for i in range(len(temps))], vals, width, label=m)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(temps))], [f"T={t:g}" for t in temps])
+        ax.set_title(task)
+        ax.set_ylabel("speedup vs none")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpecdecError(f"--temperatures must be comma-separated numbers, got {text!r}") from None
+
+
+def cmd_bench(args) -> int:
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    for t in tasks:
+        if t not in TASKS:
+            raise SpecdecError(f"unknown task {t!r}; choose from {', '.join(TASKS)}")
+    temps = _floats(args.temperatures)
+    if any(t < 0 for t in temps):
+        raise SpecdecError("temperatures must be >= 0")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = run_bench(methods, temps, tasks, args.target, args.draft, args.max_new_tokens, args.prompts,
+                     args.draft_tokens, args.dtype, {"medusa": args.medusa, "eagle": args.eagle})
+    print_table(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"threads": torch.get_num_threads(),
+                                               "max_new_tokens": args.max_new_tokens,
+                                               "rows": [asdict(r) for r in rows]}, indent=2))
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser("bench", help="benchmark methods side by side (speedup vs none)")
+    b.add_argument("--methods", default="none,draft,ngram,medusa,eagle,hf,hf-assisted,hf-lookup")
+    b.add_argument("--temperatures", default="0,0.7,1.0")
+    b.add_argument("--tasks", default="code,edit,freetext")
+    b.add_argument("--target")
+    b.add_argument("--draft")
+    b.add_argument("--medusa", help="Medusa heads folder (default: bundled, for the bundled target)")
+    b.add_argument("--eagle", help="EAGLE head folder (default: bundled, for the bundled target)")
+    b.add_argument("--dtype", default="float32")
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--prompts", type=int, default=3, help="prompts per task")
+    b.add_argument("--draft-tokens", type=int, default=None, help="fixed K (default adaptive)")
+    b.add_argument("--threads", type=int, default=0)
+    b.add_argument("--json")
+    b.add_argument("--plot")
+    b.set_defaults(func=cmd_bench)

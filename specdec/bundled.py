@@ -6,6 +6,8 @@ from pathlib import Path
 BUNDLED_DIR = Path(__file__).parent / "bundled_models"
 DEFAULT_TARGET = BUNDLED_DIR / "pycode-target"
 DEFAULT_DRAFT = BUNDLED_DIR / "pycode-draft"
+DEFAULT_MEDUSA = BUNDLED_DIR / "pycode-target-medusa"
+DEFAULT_EAGLE = BUNDLED_DIR / "pycode-target-eagle"
 
 
 def bundled_models() -> list[Path]:

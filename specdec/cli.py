@@ -18,13 +18,15 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...]) -> None:
     p.add_argument("--target", help="target model folder (HF layout); default: bundled pycode-target")
-    p.add_argument("--draft", help="draft model folder; default: bundled pycode-draft for the bundled target")
+    p.add_argument("--draft", help="draft model folder (method draft) or Medusa/EAGLE head folder; "
+                                   "default: the bundled one for the bundled target")
     p.add_argument("--method", default="none", choices=methods)
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | float64")
     p.add_argument("--backend", default="auto", choices=("auto", "native", "transformers"))
     p.add_argument("--draft-tokens", type=int, default=None,
                    help="fixed number of drafted tokens per step (default: adaptive)")
     p.add_argument("--max-draft-tokens", type=int, default=8, help="upper bound for adaptive K")
+    p.add_argument("--tree-nodes", type=int, default=None, help="largest draft tree (medusa, eagle)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -47,7 +49,7 @@ def _load(args):
 
     return specdec.load(target=args.target, draft=args.draft, method=args.method, dtype=args.dtype,
                         backend=args.backend, draft_tokens=args.draft_tokens,
-                        max_draft_tokens=args.max_draft_tokens)
+                        max_draft_tokens=args.max_draft_tokens, tree_nodes=args.tree_nodes)
 
 
 def _stats_line(stats) -> str:

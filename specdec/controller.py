@@ -75,8 +75,9 @@ class DraftLengthController:
             self.plain_streak = 0
         return best
 
-    def observe(self, k: int, num_accepted: int, target_seconds: float,
+    def observe(self, chosen: int, k: int, num_accepted: int, target_seconds: float,
                 draft_seconds: float, overhead_seconds: float) -> None:
+        """chosen: the K asked for; k: tokens actually drafted."""
         def ema(old: float | None, new: float) -> float:
             return new if old is None else self.time_decay * old + (1 - self.time_decay) * new
 
@@ -86,3 +87,40 @@ class DraftLengthController:
             self.draft_seconds_per_token = ema(self.draft_seconds_per_token, draft_seconds / k)
             self.accepted_count = self.decay * self.accepted_count + num_accepted
             self.rejected_count = self.decay * self.rejected_count + (1 if num_accepted < k else 0)
+
+
+@dataclass
+class TreeSizeController:
+    """For tree drafters: pick among a few tree sizes (0 = plain step) by measured tokens per
+    second, trying each once and re-probing the others now and then."""
+
+    sizes: list[int]
+    fixed_size: int | None = None
+    probe_every: int = 16
+    decay: float = 0.8
+    tokens_per_step: dict[int, float] = field(default_factory=dict)
+    seconds_per_step: dict[int, float] = field(default_factory=dict)
+    steps: int = 0
+
+    def choose(self, limit: int) -> int:
+        if self.fixed_size is not None:
+            return self.fixed_size if self.fixed_size <= limit else 0
+        allowed = [s for s in sorted(set(self.sizes) | {0}, reverse=True) if s <= limit]
+        self.steps += 1
+        untried = [s for s in allowed if s not in self.tokens_per_step]
+        if untried:
+            return untried[0]
+        rate = {s: self.tokens_per_step[s] / self.seconds_per_step[s] for s in allowed}
+        best = max(allowed, key=rate.__getitem__)
+        others = [s for s in allowed if s != best]
+        if others and self.steps % self.probe_every == 0:
+            return others[(self.steps // self.probe_every) % len(others)]
+        return best
+
+    def observe(self, chosen: int, k: int, num_accepted: int, target_seconds: float,
+                draft_seconds: float, overhead_seconds: float) -> None:
+        k = chosen
+        seconds = target_seconds + draft_seconds + overhead_seconds
+        for table, value in ((self.tokens_per_step, num_accepted + 1.0), (self.seconds_per_step, seconds)):
+            old = table.get(k)
+            table[k] = value if old is None else self.decay * old + (1 - self.decay) * value

@@ -12,12 +12,13 @@ from typing import Iterator
 
 import torch
 
-from specdec.controller import DraftLengthController
+from specdec.controller import DraftLengthController, TreeSizeController
 from specdec.errors import SpecdecError
 from specdec.proposers.base import Proposal, Proposer
 from specdec.sampling import SamplingParams, final_probs, make_generator
 from specdec.text import TextStream, TextTokenizer
-from specdec.verify import TorchRandom, verify_greedy, verify_rejection
+from specdec.verify import (TorchRandom, tree_attention_mask, tree_depths, verify_greedy, verify_rejection,
+                            verify_tree_greedy, verify_tree_sampling)
 
 
 @dataclass
@@ -130,7 +131,9 @@ class Engine:
                                f"{self.context_window} tokens (room is needed for at least one new token)")
         return ids
 
-    def new_controller(self) -> DraftLengthController:
+    def new_controller(self):
+        if self.proposer is not None and self.proposer.shape == "tree":
+            return TreeSizeController(self.proposer.tree_sizes, fixed_size=self.fixed_draft_tokens)
         return DraftLengthController(max_k=self.max_draft_tokens, fixed_k=self.fixed_draft_tokens)
 
     def generate(self, prompt: str | list[int], params: SamplingParams) -> GenerationResult:
@@ -147,13 +150,16 @@ class Engine:
         controller = self.new_controller()
         text = TextStream(self.tokenizer, params.stop)
         t_start = time.perf_counter()
-        target = self.target
+        target, proposer = self.target, self.proposer
+        needs_hidden = proposer is not None and proposer.needs_hidden
         target.reset()
-        if self.proposer is not None:
-            self.proposer.reset(prompt_ids)
+        if proposer is not None:
+            proposer.reset(prompt_ids)
         context = list(prompt_ids)
         if len(context) > 1:
-            target.extend(context[:-1])
+            target.extend(context[:-1], want_hidden=needs_hidden)
+            if needs_hidden:
+                proposer.observe_target(target.last_hidden)
         stats.prefill_seconds = time.perf_counter() - t_start
         generated: list[int] = []
         finish = "length"
@@ -164,25 +170,46 @@ class Engine:
             if remaining <= 0 or room <= 0:
                 break
             t0 = time.perf_counter()
-            k = controller.choose(min(remaining - 1, room - 1)) if self.proposer is not None else 0
-            proposal = (self.proposer.propose(context, k, params, generator) if k > 0
-                        else Proposal([], None))
-            drafts = proposal.tokens[:k]
+            k = 0
+            if proposer is not None and (not needs_hidden or target.length > 0):
+                is_tree = proposer.shape == "tree"
+                k = controller.choose(room - 1 if is_tree else min(remaining - 1, room - 1))
+            proposal = proposer.propose(context, k, params, generator) if k > 0 else Proposal([])
+            drafts = proposal.tokens
             t1 = time.perf_counter()
             start = target.length
-            logits = target.extend([context[-1]] + drafts)
-            t2 = time.perf_counter()
-            target_probs = final_probs(logits, params)
-            draft_probs = proposal.draft_probs[:len(drafts)] if proposal.draft_probs is not None else None
-            if params.greedy:
-                verdict = verify_greedy(drafts, target_probs)
-            else:
-                verdict = verify_rejection(drafts, draft_probs, target_probs, rng)
-            target.rollback(start + 1 + verdict.num_accepted)
-            if self.proposer is not None:
-                self.proposer.accepted(len(drafts), verdict.num_accepted)
-            new = drafts[:verdict.num_accepted] + [verdict.next_token]
-            stats.record_step(len(drafts), verdict.num_accepted)
+            if proposal.parents is None:  # chain
+                logits = target.extend([context[-1]] + drafts, want_hidden=needs_hidden)
+                t2 = time.perf_counter()
+                target_probs = final_probs(logits, params)
+                draft_probs = proposal.draft_probs
+                if params.greedy:
+                    verdict = verify_greedy(drafts, target_probs)
+                else:
+                    verdict = verify_rejection(drafts, draft_probs, target_probs, rng)
+                num_accepted = verdict.num_accepted
+                kept = list(range(num_accepted + 1))
+                target.rollback(start + 1 + num_accepted)
+                new = drafts[:num_accepted] + [verdict.next_token]
+            else:  # tree: one pass with a tree mask, then keep only the accepted path
+                depths = torch.tensor([0] + tree_depths(proposal.parents))
+                logits = target.extend([context[-1]] + drafts, attn_mask=tree_attention_mask(proposal.parents),
+                                       positions=start + depths, want_hidden=needs_hidden)
+                t2 = time.perf_counter()
+                target_probs = final_probs(logits, params)
+                if params.greedy:
+                    tree_verdict = verify_tree_greedy(drafts, proposal.parents, target_probs)
+                else:
+                    tree_verdict = verify_tree_sampling(drafts, proposal.parents, target_probs, rng)
+                num_accepted = len(tree_verdict.path)
+                kept = [0] + [1 + i for i in tree_verdict.path]
+                target.keep(start, kept)
+                new = [drafts[i] for i in tree_verdict.path] + [tree_verdict.next_token]
+            if proposer is not None:
+                proposer.accepted(len(drafts), num_accepted)
+                if needs_hidden:
+                    proposer.observe_target(target.last_hidden[kept])
+            stats.record_step(len(drafts), num_accepted)
             hit_eos = False
             for i, tok in enumerate(new):
                 if tok in self.eos_ids:
@@ -193,7 +220,8 @@ class Engine:
             generated.extend(new)
             delta = text.push(new)
             t3 = time.perf_counter()
-            controller.observe(len(drafts), verdict.num_accepted, t2 - t1, t1 - t0, t3 - t2)
+            if proposer is not None:
+                controller.observe(k, len(drafts), num_accepted, t2 - t1, t1 - t0, t3 - t2)
             stats.draft_seconds += t1 - t0
             stats.target_seconds += t2 - t1
             stats.other_seconds += t3 - t2

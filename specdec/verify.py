@@ -72,3 +72,81 @@ def verify_rejection(draft_tokens: list[int], draft_probs: torch.Tensor | None,
         return ChainVerdict(i, rng.categorical(residual_distribution(target_probs[i], draft_row)))
     k = len(draft_tokens)
     return ChainVerdict(k, rng.categorical(target_probs[k]))
+
+
+# ---------------------------------------------------------------- trees
+# A draft tree is data: node i holds tokens[i] and parents[i] (-1 = the root, i.e. the last
+# context token that is fed first). Parents come before children; siblings hold distinct
+# tokens. target_probs row 0 is the distribution after the root, row 1+i after node i.
+
+
+@dataclass
+class TreeVerdict:
+    path: list[int]  # accepted node indices, root to leaf
+    next_token: int
+
+
+def tree_children(parents: list[int]) -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        children.setdefault(p, []).append(i)
+    return children
+
+
+def tree_depths(parents: list[int]) -> list[int]:
+    depths: list[int] = []
+    for p in parents:
+        depths.append(1 if p < 0 else depths[p] + 1)
+    return depths
+
+
+def tree_attention_mask(parents: list[int]) -> torch.Tensor:
+    """Bool [N+1, N+1] over [root] + nodes: each attends to itself and its ancestors."""
+    n = len(parents) + 1
+    mask = torch.eye(n, dtype=torch.bool)
+    mask[:, 0] = True
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i + 1] |= mask[p + 1]
+    return mask
+
+
+def verify_tree_greedy(tokens: list[int], parents: list[int], target_probs: torch.Tensor) -> TreeVerdict:
+    """Follow the child equal to the target's argmax."""
+    children = tree_children(parents)
+    choice = target_probs.argmax(-1).tolist()
+    path, node = [], -1
+    while True:
+        want = choice[node + 1]
+        nxt = next((c for c in children.get(node, []) if tokens[c] == want), None)
+        if nxt is None:
+            return TreeVerdict(path, want)
+        path.append(nxt)
+        node = nxt
+
+
+def verify_tree_sampling(tokens: list[int], parents: list[int], target_probs: torch.Tensor,
+                         rng: RandomSource) -> TreeVerdict:
+    """Lossless for deterministic candidates: at a node, try its children in order; child c is
+    accepted with probability r(c), r starting as the target's distribution there; a rejected
+    child gets r(c) = 0 and r is renormalised; if none is accepted, sample from r."""
+    children = tree_children(parents)
+    path, node = [], -1
+    while True:
+        r = target_probs[node + 1].clone()
+        accepted = None
+        for c in children.get(node, []):
+            pc = float(r[tokens[c]])
+            if pc >= 1.0 or (pc > 0.0 and rng.coin(pc)):
+                accepted = c
+                break
+            r[tokens[c]] = 0.0
+            total = r.sum()
+            if total <= 0:  # rounding: all mass was on rejected candidates
+                r = target_probs[node + 1].clone()
+                break
+            r = r / total
+        if accepted is None:
+            return TreeVerdict(path, rng.categorical(r))
+        path.append(accepted)
+        node = accepted

@@ -63,3 +63,36 @@ def make_model_dir(path: Path, model_type: str = "llama", vocab_size: int | None
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def make_medusa_dir(path: Path, target_dir: Path, num_heads: int = 3, seed: int = 0, nodes: int = 12) -> Path:
+    from specdec.models.checkpoint import read_hf_config
+    from specdec.proposers.medusa import MedusaHeads, save_medusa
+    from specdec.proposers.trees import build_tree
+
+    cfg = read_hf_config(target_dir)
+    torch.manual_seed(seed)
+    heads = MedusaHeads(num_heads, cfg["hidden_size"])
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.3)
+    acc = [[0.5 / (r + 1) / (k + 1) for r in range(4)] for k in range(num_heads)]
+    save_medusa(heads, path, {"target_vocab_size": cfg["vocab_size"], "tree": build_tree(acc, nodes)})
+    return path
+
+
+def make_eagle_dir(path: Path, target_dir: Path, seed: int = 0, tree: dict | None = None) -> Path:
+    from specdec.models.checkpoint import read_hf_config
+    from specdec.proposers.eagle import EagleHead, save_eagle
+
+    cfg = ModelConfig.from_hf_dict(read_hf_config(target_dir))
+    cfg.num_hidden_layers = 1
+    torch.manual_seed(seed)
+    head = EagleHead(cfg)
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.2)
+    save_eagle(head, path, {"target_vocab_size": cfg.vocab_size,
+                            "tree": tree or {"top_k": 3, "depth": 3, "expand": 3, "nodes": 8}})
+    return path

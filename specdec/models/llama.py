@@ -35,6 +35,17 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: none, linear, llama3")
 
 
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [B or 1, 1, T, head_dim] for the given positions ([T] or [B, T])."""
+    freqs = positions.to(torch.float64)[..., None] * inv_freq.to(torch.float64)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    if emb.dim() == 2:
+        emb = emb[None]
+    emb = emb[:, None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -125,6 +136,17 @@ class LlamaModel(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(config).float(), persistent=False)
+        self.apply(self._init_weights)
+        for layer in self.model.layers:  # GPT-2 style: residual projections scaled by depth
+            for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * config.num_hidden_layers))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -140,12 +162,7 @@ class LlamaModel(nn.Module):
                        max_len or c.max_position_embeddings, self.dtype, self.device, batch_size)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.to(torch.float64)[..., None] * self.inv_freq.to(torch.float64)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        if emb.dim() == 2:
-            emb = emb[None]
-        emb = emb[:, None]  # [B or 1, 1, T, hd]
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        return rope_cos_sin(positions, self.inv_freq, self.dtype)
 
     def hidden_states(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
                       cache: KVCache | None = None,

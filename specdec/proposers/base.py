@@ -12,19 +12,28 @@ from specdec.sampling import SamplingParams
 @dataclass
 class Proposal:
     tokens: list[int]
-    draft_probs: torch.Tensor | None  # [len(tokens), V] final draft distributions, or None = point mass
+    # [len(tokens), V] final draft distributions the tokens were sampled from; None = the
+    # tokens are a deterministic function of the context (prompt lookup, trees): a point mass
+    draft_probs: torch.Tensor | None = None
+    # None = a chain; else a tree: parents[i] is the index of node i's parent, -1 = the root
+    parents: list[int] | None = None
 
 
 class Proposer(Protocol):
     name: str
-    cost_per_token_matters: bool  # False when drafting is practically free (prompt lookup)
+    shape: str  # "chain" (budget = drafted tokens) or "tree" (budget = tree nodes)
+    needs_hidden: bool  # wants the target's final hidden states (Medusa, EAGLE)
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Start a new sequence."""
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
-        """Up to k tokens that may follow context (fewer, even none, when it has no idea)."""
+        """Up to k tokens (chain) or nodes (tree) that may follow context."""
 
     def accepted(self, num_drafted: int, num_accepted: int) -> None:
         """Learn from the verdict on the last proposal."""
+
+    def observe_target(self, hidden: torch.Tensor) -> None:
+        """Hidden states [n, d] of the tokens just added to the target's cache, in order
+        (only called when needs_hidden)."""

@@ -9,7 +9,8 @@ from specdec.sampling import SamplingParams, final_probs
 
 class DraftModelProposer:
     name = "draft"
-    cost_per_token_matters = True
+    shape = "chain"
+    needs_hidden = False
 
     def __init__(self, runner):
         self.runner = runner
@@ -48,4 +49,7 @@ class DraftModelProposer:
         return Proposal(tokens, torch.stack(rows))
 
     def accepted(self, num_drafted: int, num_accepted: int) -> None:
+        pass
+
+    def observe_target(self, hidden: torch.Tensor) -> None:
         pass

@@ -11,7 +11,8 @@ from specdec.sampling import SamplingParams
 
 class PromptLookupProposer:
     name = "ngram"
-    cost_per_token_matters = False
+    shape = "chain"
+    needs_hidden = False
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
@@ -38,4 +39,7 @@ class PromptLookupProposer:
         return Proposal([], None)
 
     def accepted(self, num_drafted: int, num_accepted: int) -> None:
+        pass
+
+    def observe_target(self, hidden: torch.Tensor) -> None:
         pass

@@ -131,3 +131,109 @@ def add_parser(sub) -> None:
     ev.add_argument("--windows", type=int, default=32)
     ev.add_argument("--seq-len", type=int, default=512)
     ev.set_defaults(func=cmd_eval)
+    add_head_parsers(tsub)
+
+
+def _head_data(args, target_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    from specdec.train.recipe import encode_files
+    from specdec.train.corpus import split_files
+
+    tok = Tokenizer.from_file(str(Path(target_dir) / "tokenizer.json"))
+    train_files, held = split_files(_corpus_root(args))
+    return encode_files(tok, train_files[:args.max_files]), encode_files(tok, held[:args.max_files])
+
+
+def _head_config(args):
+    from specdec.train.heads import HeadTrainConfig
+
+    return HeadTrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+                           warmup=min(20, max(1, args.steps // 10)), seed=args.seed, threads=args.threads)
+
+
+def cmd_medusa(args) -> int:
+    from specdec.models.checkpoint import load_native
+    from specdec.proposers.medusa import MedusaHeads, save_medusa
+    from specdec.proposers.trees import build_tree, expected_accepted_length
+    from specdec.train.heads import medusa_rank_accuracy, train_medusa
+
+    target = load_native(args.target, "float32")
+    train_ids, held_ids = _head_data(args, args.target)
+    torch.manual_seed(args.seed)
+    heads = MedusaHeads(args.num_heads, target.config.hidden_size)
+    cfg = _head_config(args)
+    seconds = train_medusa(target, heads, train_ids, cfg)
+    acc = medusa_rank_accuracy(target, heads, held_ids, seq_len=min(256, len(held_ids) - 1))
+    tree = build_tree(acc, args.tree_nodes)
+    meta = {"target": Path(args.target).name, "target_vocab_size": target.config.vocab_size,
+            "tree": [list(c) for c in tree],
+            "heldout_rank_accuracy": [[round(a, 4) for a in row] for row in acc],
+            "heldout_top1": [round(row[0], 4) for row in acc],
+            "heldout_top5": [round(sum(row[:5]), 4) for row in acc],
+            "tree_expected_accepted_length": round(expected_accepted_length(tree, acc), 3),
+            "train_seconds": round(seconds), "train_config": cfg.__dict__}
+    save_medusa(heads, args.out, meta)
+    print(json.dumps({k: meta[k] for k in ("heldout_top1", "heldout_top5", "tree_expected_accepted_length")}))
+    return 0
+
+
+def cmd_medusa_tree(args) -> int:
+    """Rebuild the tree of a heads folder for another node budget from its measured accuracies."""
+    from specdec.proposers.trees import build_tree, expected_accepted_length
+
+    cfg_path = Path(args.heads) / "config.json"
+    if not cfg_path.is_file():
+        raise SpecdecError(f"{args.heads!r} has no config.json")
+    cfg = json.loads(cfg_path.read_text())
+    if "heldout_rank_accuracy" not in cfg:
+        raise SpecdecError(f"{args.heads!r} has no measured accuracies (heldout_rank_accuracy)")
+    tree = build_tree(cfg["heldout_rank_accuracy"], args.nodes)
+    cfg["tree"] = [list(c) for c in tree]
+    cfg["tree_expected_accepted_length"] = round(expected_accepted_length(tree, cfg["heldout_rank_accuracy"]), 3)
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    print(f"{len(tree)} nodes, expected accepted length {cfg['tree_expected_accepted_length']}")
+    return 0
+
+
+def cmd_eagle(args) -> int:
+    from dataclasses import replace
+
+    from specdec.models.checkpoint import load_native
+    from specdec.proposers.eagle import EagleHead, TreeShape, save_eagle
+    from specdec.train.heads import eagle_accuracy, train_eagle
+
+    target = load_native(args.target, "float32")
+    train_ids, held_ids = _head_data(args, args.target)
+    torch.manual_seed(args.seed)
+    head = EagleHead(replace(target.config, num_hidden_layers=1))
+    cfg = _head_config(args)
+    seconds = train_eagle(target, head, train_ids, cfg)
+    acc = eagle_accuracy(target, head, held_ids, seq_len=min(256, len(held_ids) - 1))
+    meta = {"target": Path(args.target).name, "target_vocab_size": target.config.vocab_size,
+            "tree": TreeShape().__dict__, "heldout_accuracy": acc, "train_seconds": round(seconds),
+            "train_config": cfg.__dict__}
+    save_eagle(head, args.out, meta)
+    print(json.dumps(acc))
+    return 0
+
+
+def add_head_parsers(tsub) -> None:
+    for name, func, steps in (("medusa", cmd_medusa, 600), ("eagle", cmd_eagle, 800)):
+        p = tsub.add_parser(name, help=f"train {name} head(s) on a frozen target")
+        p.add_argument("--target", required=True)
+        p.add_argument("--out", required=True)
+        p.add_argument("--corpus", help="folder of .py files (default: this Python's stdlib)")
+        p.add_argument("--max-files", type=int, default=None)
+        p.add_argument("--steps", type=int, default=steps)
+        p.add_argument("--batch-size", type=int, default=8)
+        p.add_argument("--seq-len", type=int, default=256)
+        p.add_argument("--lr", type=float, default=1e-3)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--threads", type=int, default=0)
+        if name == "medusa":
+            p.add_argument("--num-heads", type=int, default=4)
+            p.add_argument("--tree-nodes", type=int, default=24)
+        p.set_defaults(func=func)
+    t = tsub.add_parser("medusa-tree", help="rebuild a Medusa tree for a node budget from measured accuracies")
+    t.add_argument("--heads", required=True)
+    t.add_argument("--nodes", type=int, required=True)
+    t.set_defaults(func=cmd_medusa_tree)

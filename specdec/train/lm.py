@@ -86,6 +86,7 @@ def load_checkpoint(path: Path, opt: torch.optim.Optimizer, gen: torch.Generator
 def evaluate(model: LlamaModel, tokens: np.ndarray, seq_len: int, max_windows: int = 64) -> float:
     """Mean next-token cross-entropy (nats/token) over non-overlapping windows."""
     model.eval()
+    seq_len = max(1, min(seq_len, len(tokens) - 1))
     n = min(max_windows, (len(tokens) - 1) // seq_len)
     total, count = 0.0, 0
     with torch.no_grad():

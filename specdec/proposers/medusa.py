@@ -1,0 +1,103 @@
+"""Medusa heads (Cai et al. 2024): head k reads the target's last hidden state and predicts
+the token k+1 positions ahead through the target's own (frozen) lm_head. Their top
+candidates form a tree the target verifies in one pass; drafting costs almost nothing."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from specdec.errors import SpecdecError
+from specdec.proposers.base import Proposal
+from specdec.proposers.trees import tree_from_choices
+from specdec.sampling import SamplingParams
+
+MEDUSA_TYPE = "specdec-medusa"
+
+
+class ResBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.linear = nn.Linear(dim, dim)
+        nn.init.zeros_(self.linear.weight)  # starts as identity: predicts like lm_head
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, num_heads: int, hidden_size: int):
+        super().__init__()
+        self.heads = nn.ModuleList(ResBlock(hidden_size) for _ in range(num_heads))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., d] -> [num_heads, ..., d] features for the shared lm_head."""
+        return torch.stack([h(hidden) for h in self.heads])
+
+
+def save_medusa(heads: MedusaHeads, folder: str | Path, meta: dict) -> None:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in heads.state_dict().items()}, str(folder / "model.safetensors"))
+    cfg = {"model_type": MEDUSA_TYPE, "num_heads": len(heads.heads),
+           "hidden_size": heads.heads[0].linear.in_features, **meta}
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def load_medusa(folder: str | Path, dtype: torch.dtype = torch.float32) -> tuple[MedusaHeads, dict]:
+    folder = Path(folder)
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise SpecdecError(f"{str(folder)!r} is not a Medusa heads folder: no config.json")
+    cfg = json.loads(cfg_path.read_text())
+    if cfg.get("model_type") != MEDUSA_TYPE:
+        raise SpecdecError(f"{str(folder)!r} is not a Medusa heads folder (model_type "
+                           f"{cfg.get('model_type')!r}, expected {MEDUSA_TYPE!r})")
+    heads = MedusaHeads(cfg["num_heads"], cfg["hidden_size"])
+    heads.load_state_dict(load_file(str(folder / "model.safetensors")))
+    return heads.to(dtype).eval(), cfg
+
+
+class MedusaProposer:
+    name = "medusa"
+    shape = "tree"
+    needs_hidden = True
+
+    def __init__(self, heads: MedusaHeads, lm_head: nn.Module, choices: list[tuple[int, ...]],
+                 tree_sizes: list[int] | None = None):
+        if not choices:
+            raise SpecdecError("the Medusa tree is empty")
+        if max(len(c) for c in choices) > len(heads.heads):
+            raise SpecdecError("the Medusa tree is deeper than the number of heads")
+        self.heads, self.lm_head = heads, lm_head
+        self.choices = [tuple(c) for c in choices]
+        self.max_rank = [1 + max((c[d] for c in self.choices if len(c) > d), default=0)
+                         for d in range(len(heads.heads))]
+        n = len(self.choices)
+        self.tree_sizes = tree_sizes or sorted({min(s, n) for s in (4, 12, n)})
+        self.last_hidden: torch.Tensor | None = None
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.last_hidden = None
+
+    def observe_target(self, hidden: torch.Tensor) -> None:
+        self.last_hidden = hidden[-1]
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Proposal:
+        if self.last_hidden is None or k <= 0:
+            return Proposal([])
+        choices = self.choices[:k]
+        depth = max(len(c) for c in choices)
+        logits = self.lm_head(self.heads(self.last_hidden)[:depth])  # [depth, V]
+        candidates = [logits[d].topk(self.max_rank[d]).indices.tolist() for d in range(depth)]
+        tokens, parents = tree_from_choices(choices, candidates)
+        return Proposal(tokens, None, parents)
+
+    def accepted(self, num_drafted: int, num_accepted: int) -> None:
+        pass

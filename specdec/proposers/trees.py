@@ -1,0 +1,51 @@
+"""Candidate trees as data. A tree is a list of "choices": tuples of top-k ranks, one per
+depth, e.g. (0, 1) = the best candidate at depth 1, then the second best at depth 2. Lists are
+prefix-closed and ordered so that every choice comes after its prefix."""
+from __future__ import annotations
+
+import heapq
+
+
+def build_tree(rank_accuracy: list[list[float]], num_nodes: int) -> list[tuple[int, ...]]:
+    """Greedy expected-acceptance construction (Medusa paper): repeatedly add the choice with
+    the highest probability of being accepted, Π_d rank_accuracy[d][rank_d], among those whose
+    prefix is already in the tree. rank_accuracy[d][r] = P(rank r at depth d+1 is correct)."""
+    tree: list[tuple[int, ...]] = []
+    heap: list[tuple[float, tuple[int, ...]]] = []
+
+    def push_children(prefix: tuple[int, ...], value: float) -> None:
+        depth = len(prefix)
+        if depth < len(rank_accuracy):
+            for r, acc in enumerate(rank_accuracy[depth]):
+                heapq.heappush(heap, (-value * acc, prefix + (r,)))
+
+    push_children((), 1.0)
+    while heap and len(tree) < num_nodes:
+        neg, choice = heapq.heappop(heap)
+        if -neg <= 0:
+            break
+        tree.append(choice)
+        push_children(choice, -neg)
+    return tree
+
+
+def tree_from_choices(choices: list[tuple[int, ...]], candidates: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Tokens and parent indices for choices, given ranked candidate tokens per depth."""
+    index: dict[tuple[int, ...], int] = {}
+    tokens, parents = [], []
+    for choice in choices:
+        index[choice] = len(tokens)
+        tokens.append(candidates[len(choice) - 1][choice[-1]])
+        parents.append(index[choice[:-1]] if len(choice) > 1 else -1)
+    return tokens, parents
+
+
+def expected_accepted_length(choices: list[tuple[int, ...]], rank_accuracy: list[list[float]]) -> float:
+    """Expected drafted tokens accepted per step under independent per-depth accuracies."""
+    total = 0.0
+    for choice in choices:
+        p = 1.0
+        for d, r in enumerate(choice):
+            p *= rank_accuracy[d][r]
+        total += p
+    return total

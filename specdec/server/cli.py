@@ -1,0 +1,79 @@
+"""`specdec serve`: the OpenAI-compatible HTTP server (FastAPI + uvicorn).
+
+The web packages are imported only when the command runs, so the rest of the CLI works
+without them."""
+from __future__ import annotations
+
+import os
+import sys
+
+from specdec.errors import SpecdecError
+
+API_KEY_ENV = "SPECDEC_API_KEY"
+
+
+def add_parser(sub) -> None:
+    from specdec.api import METHODS
+    from specdec.cli import _add_model_args
+
+    s = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (/v1/completions, "
+                                     "/v1/chat/completions, /v1/models, /health, /metrics)")
+    _add_model_args(s, METHODS)
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    s.add_argument("--api-key", default=None,
+                   help=f"require 'Authorization: Bearer KEY' on every route but /health "
+                        f"(default: ${API_KEY_ENV} if set, else no key)")
+    s.add_argument("--max-queue", type=int, default=64,
+                   help="requests that may wait for the engine; beyond that the server answers 429")
+    s.add_argument("--max-tokens-limit", type=int, default=4096,
+                   help="largest max_tokens a request may ask for (default 4096)")
+    s.add_argument("--model-name", default=None,
+                   help="model id clients use (default: the target folder's name)")
+    s.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads for the engine (default 0: torch's own choice)")
+    s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    s.set_defaults(func=cmd_serve)
+
+
+def check_args(args) -> None:
+    if not 0 <= args.port <= 65535:
+        raise SpecdecError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_queue < 1:
+        raise SpecdecError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.max_tokens_limit < 1:
+        raise SpecdecError(f"--max-tokens-limit must be >= 1, got {args.max_tokens_limit}")
+    if args.model_name is not None and not args.model_name.strip():
+        raise SpecdecError("--model-name must not be empty")
+    if args.threads < 0:
+        raise SpecdecError(f"--threads must be >= 0 (0 = torch's default), got {args.threads}")
+    if args.api_key is not None and not args.api_key:
+        raise SpecdecError("--api-key must not be empty")
+
+
+def cmd_serve(args) -> int:
+    check_args(args)
+    try:
+        import uvicorn
+
+        from specdec.server.app import ServerSettings, create_app
+    except ImportError as e:
+        raise SpecdecError(f"the server needs extra packages ({e.name} is missing): "
+                           "pip install 'specdec[server]'") from None
+    from specdec.cli import _load
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    api_key = args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
+    decoder = _load(args)
+    settings = ServerSettings(model_name=args.model_name, api_key=api_key, max_queue=args.max_queue,
+                              max_tokens_limit=args.max_tokens_limit)
+    app = create_app(decoder, settings)
+    if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"specdec: warning: listening on {args.host} without an API key (--api-key)", file=sys.stderr)
+    print(f"specdec: serving {app.state.served_name!r} (method={decoder.method}) on "
+          f"http://{args.host}:{args.port}/v1", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

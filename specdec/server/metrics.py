@@ -1,0 +1,90 @@
+"""Prometheus metrics, one CollectorRegistry per app (so tests can build several apps).
+
+Exposed names (prometheus-client adds `_total` to counters itself):
+  specdec:http_requests_total{endpoint,method,status}   requests answered
+  specdec:http_request_duration_seconds{endpoint}       latency histogram (whole response)
+  specdec:prompt_tokens_total                           prompt tokens of started requests
+  specdec:generation_tokens_total                       tokens generated (cancelled ones included)
+  specdec:request_success_total{finished_reason}        choices finished ("stop" / "length")
+  specdec:requests_cancelled_total                      requests dropped by their client
+  specdec:num_requests_running                          requests the engine is working on
+  specdec:num_requests_waiting                          requests queued for the engine
+Speculative decoding, named like vLLM's, from finished choices:
+  specdec:spec_decode_num_drafts_total                  decode steps that drafted >= 1 token
+  specdec:spec_decode_num_draft_tokens_total            drafted tokens
+  specdec:spec_decode_num_accepted_tokens_total         accepted drafted tokens
+  specdec:spec_decode_num_accepted_tokens_per_pos_total{position="i"}
+                                                        steps whose draft at 0-based position i
+                                                        was accepted"""
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def accepted_per_position(histogram: list[int]) -> list[int]:
+    """accepted_length_histogram[a] = steps that kept a drafts -> steps that accepted the draft at
+    position i (a step keeping a drafts accepted positions 0..a-1)."""
+    out = []
+    for pos in range(len(histogram) - 1):
+        out.append(sum(histogram[pos + 1:]))
+    return out
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, max_positions: int = 0):
+        r = self.registry = CollectorRegistry()
+        self.http_requests = Counter("specdec:http_requests", "HTTP requests answered",
+                                     ["endpoint", "method", "status"], registry=r)
+        self.http_latency = Histogram("specdec:http_request_duration_seconds",
+                                      "Time from request to the end of the response",
+                                      ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("specdec:prompt_tokens", "Prompt tokens of started requests",
+                                     registry=r)
+        self.generation_tokens = Counter("specdec:generation_tokens", "Generated tokens", registry=r)
+        self.request_success = Counter("specdec:request_success", "Finished choices by finish reason",
+                                       ["finished_reason"], registry=r)
+        self.requests_cancelled = Counter("specdec:requests_cancelled",
+                                          "Requests cancelled because the client went away", registry=r)
+        self.num_requests_running = Gauge("specdec:num_requests_running",
+                                          "Requests the engine is generating for", registry=r)
+        self.num_requests_waiting = Gauge("specdec:num_requests_waiting",
+                                          "Requests waiting in the queue", registry=r)
+        self.num_drafts = Counter("specdec:spec_decode_num_drafts",
+                                  "Decode steps that drafted at least one token", registry=r)
+        self.num_draft_tokens = Counter("specdec:spec_decode_num_draft_tokens", "Drafted tokens",
+                                        registry=r)
+        self.num_accepted_tokens = Counter("specdec:spec_decode_num_accepted_tokens",
+                                           "Accepted drafted tokens", registry=r)
+        self.num_accepted_tokens_per_pos = Counter(
+            "specdec:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted drafted tokens by 0-based draft position", ["position"], registry=r)
+        for reason in ("stop", "length"):
+            self.request_success.labels(finished_reason=reason)
+        for pos in range(max_positions):
+            self.num_accepted_tokens_per_pos.labels(position=str(pos))
+
+    def record_generation(self, result) -> None:
+        """Count one finished choice (called from the worker thread)."""
+        stats = result.stats
+        self.request_success.labels(finished_reason=result.finish_reason).inc()
+        drafts = sum(1 for k in stats.draft_tokens_per_step if k > 0)
+        if drafts:
+            self.num_drafts.inc(drafts)
+        if stats.drafted_tokens:
+            self.num_draft_tokens.inc(stats.drafted_tokens)
+        if stats.accepted_tokens:
+            self.num_accepted_tokens.inc(stats.accepted_tokens)
+        for pos, count in enumerate(accepted_per_position(stats.accepted_length_histogram)):
+            if count:
+                self.num_accepted_tokens_per_pos.labels(position=str(pos)).inc(count)
+
+    def observe_request(self, endpoint: str, method: str, status: int, seconds: float) -> None:
+        self.http_requests.labels(endpoint=endpoint, method=method, status=str(status)).inc()
+        self.http_latency.labels(endpoint=endpoint).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

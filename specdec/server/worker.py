@@ -1,0 +1,174 @@
+"""The one engine worker thread.
+
+The model (and its KV cache) is not thread-safe and a CPU runs one generation at a time
+anyway, so exactly one thread owns the decoder. Requests become Jobs in a bounded queue
+(full -> the handler answers 429). The worker runs each job's choices one after another and
+posts events back to the job's asyncio queue with loop.call_soon_threadsafe, so the async
+handlers never block the event loop.
+
+Cancellation: a handler that sees its client go away calls job.cancel(). The worker checks
+the flag between decode steps (each StreamChunk is one step), closes the generator and moves
+on; a job cancelled while still queued is skipped without touching the model."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from specdec.errors import SpecdecError
+from specdec.server.errors import ApiError
+
+log = logging.getLogger("specdec.server")
+
+
+@dataclass
+class Event:
+    kind: str  # "chunk" (a text delta) | "done" (a choice finished) | "error" | "end" (job over)
+    index: int = 0
+    text: str = ""
+    token_ids: list[int] | None = None
+    result: Any = None  # GenerationResult on "done"
+    error: ApiError | None = None
+
+
+class Job:
+    def __init__(self, prompt_ids: list[int], samplings: list[dict], stream: bool,
+                 loop: asyncio.AbstractEventLoop):
+        self.prompt_ids = prompt_ids
+        self.samplings = samplings
+        self.stream = stream  # post a "chunk" event per decode step
+        self.loop = loop
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self._cancelled = threading.Event()
+        self.finished = False  # set on the event loop when "end" is delivered
+        self.client_gone = False  # set on the event loop when the client disconnected
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def post(self, event: Event) -> None:
+        """Called from the worker thread."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            self.cancel()
+
+    async def next_event(self) -> Event:
+        event = await self.events.get()
+        if event.kind == "end":
+            self.finished = True
+        return event
+
+
+class QueueFull(Exception):
+    pass
+
+
+class EngineWorker:
+    def __init__(self, decoder, max_queue: int, metrics):
+        self.decoder = decoder
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._current: Job | None = None
+        self._lock = threading.Lock()
+        metrics.num_requests_waiting.set_function(self.queue.qsize)
+
+    # ---- lifecycle ----
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
+            self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        current = self._current
+        if current is not None:
+            current.cancel()
+        while True:  # answer what is still queued
+            try:
+                job = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.post(Event("error", error=ApiError(503, "the server is shutting down",
+                                                        code="shutting_down")))
+                job.post(Event("end"))
+        try:
+            self.queue.put_nowait(None)  # wake the worker
+        except queue.Full:
+            pass
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        if self._stop.is_set():
+            raise ApiError(503, "the server is shutting down", code="shutting_down")
+        try:
+            self.queue.put_nowait(job)
+        except queue.Full:
+            raise QueueFull from None
+
+    # ---- the thread ----
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            job = self.queue.get()
+            if job is None:
+                continue
+            if job.cancelled:
+                self.metrics.requests_cancelled.inc()
+                job.post(Event("end"))
+                continue
+            self._current = job
+            self.metrics.num_requests_running.inc()
+            self.metrics.prompt_tokens.inc(len(job.prompt_ids))
+            try:
+                self._run_job(job)
+            except SpecdecError as e:
+                job.post(Event("error", error=ApiError(400, str(e))))
+            except Exception:  # noqa: BLE001 - a bug must not kill the only worker
+                log.exception("generation failed")
+                job.post(Event("error", error=ApiError(500, "internal error during generation",
+                                                        code="internal_error")))
+            finally:
+                self.metrics.num_requests_running.dec()
+                self._current = None
+                job.post(Event("end"))
+
+    def _run_job(self, job: Job) -> None:
+        for index, sampling in enumerate(job.samplings):
+            if job.cancelled:
+                break
+            gen = self.decoder.stream(job.prompt_ids, **sampling)
+            try:
+                for chunk in gen:
+                    if chunk.token_ids:
+                        self.metrics.generation_tokens.inc(len(chunk.token_ids))
+                    if chunk.result is not None:
+                        self.metrics.record_generation(chunk.result)
+                        job.post(Event("done", index, chunk.text, chunk.token_ids, chunk.result))
+                        break
+                    if job.cancelled:
+                        break
+                    if job.stream and chunk.text:
+                        job.post(Event("chunk", index, chunk.text, chunk.token_ids))
+            finally:
+                gen.close()
+        if job.cancelled:
+            self.metrics.requests_cancelled.inc()

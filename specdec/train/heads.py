@@ -1,0 +1,147 @@
+"""Training of draft heads on a frozen target: Medusa heads (self-distillation on the target's
+own next-token distributions k positions ahead) and the EAGLE head (feature regression +
+distillation). Both share the data pipeline and the progress bar with the LM trainer."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from specdec.models import LlamaModel
+from specdec.train.lm import lr_at, sample_batch
+
+
+@dataclass
+class HeadTrainConfig:
+    steps: int = 400
+    batch_size: int = 8
+    seq_len: int = 256
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 20
+    weight_decay: float = 0.0
+    seed: int = 0
+    threads: int = 0
+    head_decay: float = 0.8  # Medusa: weight of head k is head_decay**k
+    feature_noise: float = 0.1  # EAGLE: uniform noise on input features
+    cls_weight: float = 0.1  # EAGLE: weight of the distillation term vs feature regression
+
+
+def _progress():
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), TimeRemainingColumn())
+
+
+def _loop(name: str, module: torch.nn.Module, step_loss, tokens: np.ndarray, cfg: HeadTrainConfig, log=print):
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    t0 = time.time()
+    module.train()
+    with _progress() as progress:
+        task = progress.add_task(name, total=cfg.steps, loss=float("nan"))
+        for step in range(cfg.steps):
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, cfg)
+            loss = step_loss(sample_batch(tokens, cfg, gen))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            progress.update(task, advance=1, loss=loss.item())
+            if (step + 1) % 50 == 0 and not progress.console.is_terminal:
+                log(f"{name} step {step + 1}/{cfg.steps} loss {loss.item():.4f} ({time.time() - t0:.0f}s)")
+    module.eval()
+    return time.time() - t0
+
+
+def train_medusa(target: LlamaModel, heads, tokens: np.ndarray, cfg: HeadTrainConfig, log=print) -> float:
+    target.eval().requires_grad_(False)
+    H = len(heads.heads)
+
+    def step_loss(batch: torch.Tensor) -> torch.Tensor:
+        x = batch[:, :-1]
+        with torch.no_grad():
+            logits, hidden = target(x, return_hidden=True)
+            target_logp = F.log_softmax(logits.float(), -1)
+        feats = heads(hidden)  # [H, B, T, d]
+        total = 0.0
+        for k in range(1, H + 1):
+            pred = F.log_softmax(target.lm_head(feats[k - 1][:, :-k]), -1)
+            soft = target_logp[:, k:].exp()
+            total = total + cfg.head_decay ** (k - 1) * -(soft * pred).sum(-1).mean()
+        return total
+
+    return _loop("medusa", heads, step_loss, tokens, cfg, log)
+
+
+@torch.inference_mode()
+def medusa_rank_accuracy(target: LlamaModel, heads, tokens: np.ndarray, seq_len: int = 256,
+                         windows: int = 16, max_rank: int = 10) -> list[list[float]]:
+    """acc[k-1][r]: share of positions where head k's rank-r token equals the target's argmax
+    k positions ahead (what greedy verification accepts)."""
+    H = len(heads.heads)
+    hits = torch.zeros(H, max_rank)
+    counts = torch.zeros(H)
+    n = min(windows, (len(tokens) - 1) // seq_len)
+    for i in range(n):
+        x = torch.from_numpy(tokens[i * seq_len:(i + 1) * seq_len].astype(np.int64))[None]
+        logits, hidden = target(x, return_hidden=True)
+        choice = logits[0].argmax(-1)
+        feats = heads(hidden[0])
+        for k in range(1, H + 1):
+            top = target.lm_head(feats[k - 1][:-k]).topk(max_rank, -1).indices
+            want = choice[k:]
+            hits[k - 1] += (top == want[:, None]).float().sum(0)
+            counts[k - 1] += len(want)
+    return (hits / counts[:, None]).tolist()
+
+
+def train_eagle(target: LlamaModel, head, tokens: np.ndarray, cfg: HeadTrainConfig, log=print) -> float:
+    """Input at position t: (target feature f_t + noise, embedding of token t+1); the head
+    predicts f_{t+1}. Loss: smooth L1 on features + cls_weight * cross-entropy against the
+    target's next-token distribution at t+1."""
+    target.eval().requires_grad_(False)
+    noise_gen = torch.Generator().manual_seed(cfg.seed + 1)
+
+    def step_loss(batch: torch.Tensor) -> torch.Tensor:
+        x = batch[:, :-1]
+        with torch.no_grad():
+            logits, feats = target(x, return_hidden=True)
+            target_p = torch.softmax(logits[:, 1:].float(), -1)
+            inputs = feats[:, :-1]
+            noise = (torch.rand(inputs.shape, generator=noise_gen) * 2 - 1) * cfg.feature_noise
+            embeds = target.model.embed_tokens(x[:, 1:])
+        pos = torch.arange(inputs.shape[1])
+        pred = head(inputs + noise, embeds, pos)
+        reg = F.smooth_l1_loss(pred, feats[:, 1:])
+        logp = F.log_softmax(target.lm_head(pred).float(), -1)
+        cls = -(target_p * logp).sum(-1).mean()
+        return reg + cfg.cls_weight * cls
+
+    return _loop("eagle", head, step_loss, tokens, cfg, log)
+
+
+@torch.inference_mode()
+def eagle_accuracy(target: LlamaModel, head, tokens: np.ndarray, seq_len: int = 256, windows: int = 16,
+                   top_k: int = 5) -> dict:
+    """Teacher-forced top-1/top-k agreement of the head's next-next token with the target's argmax."""
+    n = min(windows, (len(tokens) - 1) // seq_len)
+    top1 = topk = count = 0
+    for i in range(n):
+        x = torch.from_numpy(tokens[i * seq_len:(i + 1) * seq_len].astype(np.int64))[None]
+        logits, feats = target(x, return_hidden=True)
+        pred = head(feats[:, :-1], target.model.embed_tokens(x[:, 1:]), torch.arange(seq_len - 1))
+        want = logits[0, 1:].argmax(-1)
+        top = target.lm_head(pred[0]).topk(top_k, -1).indices
+        top1 += (top[:, 0] == want).sum().item()
+        topk += (top == want[:, None]).any(-1).sum().item()
+        count += len(want)
+    return {"top1": round(top1 / count, 4), f"top{top_k}": round(topk / count, 4)}

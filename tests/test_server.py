@@ -1,0 +1,629 @@
+"""The OpenAI-compatible server, end to end against live uvicorn servers on 127.0.0.1."""
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
+openai = pytest.importorskip("openai")
+import uvicorn  # noqa: E402
+
+import specdec  # noqa: E402
+from helpers import make_model_dir  # noqa: E402
+from specdec.server.app import ServerSettings, create_app  # noqa: E402
+from specdec.server.chat import DEFAULT_TEMPLATE, ChatTemplate, ChatTemplateError  # noqa: E402
+from specdec.server.metrics import accepted_per_position  # noqa: E402
+
+API_KEY = "test-key"
+MODEL = "tiny"
+N = 12  # max_tokens for most requests
+K = 4  # fixed draft length: seeded sampling is then reproducible
+LIMIT = 200  # --max-tokens-limit of the main server
+PROMPT = "def add(a, b):"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+# ---------------------------------------------------------------- live servers
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, app):
+        self.app = app
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+
+    def metrics(self, headers=AUTH) -> dict[str, float]:
+        text = httpx.get(f"{self.url}/metrics", headers=headers, timeout=10).text
+        return parse_metrics(text)
+
+    def wait_idle(self, timeout: float = 10.0) -> dict[str, float]:
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            if m["specdec:num_requests_running"] == 0 and m["specdec:num_requests_waiting"] == 0:
+                return m
+            assert time.monotonic() < deadline, f"server still busy: {m}"
+            time.sleep(0.05)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """On a small, busy CPU torch's thread pool is far slower than one thread (it spins);
+    restored after this module."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("server") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """A separately loaded plain decoder: greedy output is what the server must return."""
+    return specdec.load(model_dir)
+
+
+@pytest.fixture(scope="module")
+def draft_reference(model_dir):
+    """Same configuration as the server: seeded sampling must match it exactly."""
+    return specdec.load(model_dir, model_dir, method="draft", draft_tokens=K)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    decoder = specdec.load(model_dir, model_dir, method="draft", draft_tokens=K)
+    live = LiveServer(create_app(decoder, ServerSettings(model_name=MODEL, api_key=API_KEY,
+                                                         max_tokens_limit=LIMIT)))
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as c:
+        yield c
+
+
+def greedy(reference, prompt, max_tokens=N, **kw):
+    return reference.generate(prompt, temperature=0, max_new_tokens=max_tokens, **kw)
+
+
+def chat_prompt(messages) -> str:
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+
+
+# ---------------------------------------------------------------- OpenAI client
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    r = httpx.get(f"{server.url}/health")  # no key needed
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    card = httpx.get(f"{server.url}/v1/models/{MODEL}", headers=AUTH).json()
+    assert card["id"] == MODEL and card["max_model_len"] == 256 and card["speculative_method"] == "draft"
+
+
+def test_completion_greedy_matches_library(client, reference):
+    want = greedy(reference, PROMPT)
+    resp = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=N, temperature=0)
+    assert resp.object == "text_completion" and resp.model == MODEL and resp.id.startswith("cmpl-")
+    assert len(resp.choices) == 1
+    choice = resp.choices[0]
+    assert choice.text == want.text and choice.finish_reason == want.finish_reason
+    assert choice.index == 0 and choice.logprobs is None
+    assert resp.usage.prompt_tokens == len(reference.tokenizer.encode(PROMPT))
+    assert resp.usage.completion_tokens == len(want.token_ids)
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+    spec = resp.model_extra["speculative"]
+    assert spec["method"] == "draft"
+    assert 0 < spec["accepted_tokens"] <= spec["drafted_tokens"]
+    assert spec["acceptance_rate"] == pytest.approx(spec["accepted_tokens"] / spec["drafted_tokens"])
+    assert spec["mean_accepted_length"] > 1
+
+
+def test_completion_prompt_forms(client, reference):
+    want = greedy(reference, PROMPT).text
+    ids = reference.tokenizer.encode(PROMPT)
+    for prompt in ([PROMPT], ids, [ids]):
+        resp = client.completions.create(model=MODEL, prompt=prompt, max_tokens=N, temperature=0)
+        assert resp.choices[0].text == want
+
+
+def test_completion_stream(client, reference):
+    want = greedy(reference, PROMPT)
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=N, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == want.text
+    assert all(c.object == "text_completion" for c in chunks)
+    assert len({c.id for c in chunks}) == 1
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [want.finish_reason]
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == len(want.token_ids)
+    assert last.model_extra["speculative"]["method"] == "draft"
+
+
+def test_completion_stop(client, reference):
+    full = greedy(reference, PROMPT, 24).text
+    stop = full[5:8]
+    want = greedy(reference, PROMPT, 24, stop=(stop,))
+    resp = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop])
+    assert resp.choices[0].text == want.text and resp.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stop=stop, stream=True))
+    assert streamed == want.text
+
+
+def test_chat_greedy_and_stream(client, reference):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "def add"}]
+    want = greedy(reference, chat_prompt(messages))
+    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=N, temperature=0)
+    assert resp.object == "chat.completion" and resp.id.startswith("chatcmpl-")
+    msg = resp.choices[0].message
+    assert msg.role == "assistant" and msg.content == want.text
+    assert resp.choices[0].finish_reason == want.finish_reason
+    assert resp.usage.prompt_tokens == len(reference.tokenizer.encode(chat_prompt(messages)))
+
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=N,
+                                                 temperature=0, stream=True))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
+    assert chunks[-1].choices[0].finish_reason == want.finish_reason
+    assert chunks[-1].model_extra["speculative"]["method"] == "draft"
+
+
+def test_n_and_seed(client, draft_reference):
+    results = [draft_reference.generate(PROMPT, temperature=1.0, top_k=50, max_new_tokens=N, seed=7 + i)
+               for i in range(3)]
+    want = [r.text for r in results]
+    resp = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=N, temperature=1.0,
+                                     extra_body={"top_k": 50}, n=3, seed=7)
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    assert [c.text for c in resp.choices] == want
+    assert resp.usage.completion_tokens == sum(len(r.token_ids) for r in results)
+
+    messages = [{"role": "user", "content": "class Point:"}]
+    want = [draft_reference.generate(chat_prompt(messages), temperature=0.8, top_p=0.9, max_new_tokens=N,
+                                     seed=3 + i).text for i in range(2)]
+    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=N, temperature=0.8,
+                                          top_p=0.9, n=2, seed=3)
+    assert [c.message.content for c in resp.choices] == want
+    texts = ["", ""]
+    for chunk in client.chat.completions.create(model=MODEL, messages=messages, max_tokens=N,
+                                                temperature=0.8, top_p=0.9, n=2, seed=3, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+    assert texts == want
+
+
+def test_chat_template_from_tokenizer_config():
+    template = ChatTemplate.from_tokenizer_config({
+        "bos_token": "<s>", "eos_token": {"content": "</s>"},
+        "chat_template": "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'tool' %}"
+                         "{{ raise_exception('no tools') }}{% endif %}[{{ m['role'] }}]{{ m['content'] }}"
+                         "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"})
+    assert template.render([{"role": "user", "content": "hi"}]) == "<s>[user]hi</s>[assistant]"
+    with pytest.raises(ChatTemplateError, match="no tools"):
+        template.render([{"role": "tool", "content": "x"}])
+    sandboxed = ChatTemplate("{{ messages.__class__.__mro__ }}")
+    with pytest.raises(ChatTemplateError):
+        sandboxed.render([])
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    default = ChatTemplate.from_tokenizer_config({})
+    assert default.render(messages) == chat_prompt(messages) == "system: be brief\nuser: hi\nassistant: "
+    assert ChatTemplate(DEFAULT_TEMPLATE).render(messages) == default.render(messages)
+
+
+def test_server_uses_the_models_chat_template(model_dir, tmp_path):
+    import shutil
+
+    folder = shutil.copytree(model_dir, tmp_path / "chat-model")
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                            "{% if messages[-1]['role'] == 'system' %}{{ raise_exception('end with a user "
+                            "message') }}{% endif %}<assistant>")
+    cfg_path.write_text(json.dumps(cfg))
+    decoder = specdec.load(folder)
+    app = create_app(decoder)
+    try:
+        parser = app.state.parser
+        req = parser.chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert req.prompt_ids == decoder.tokenizer.encode("<user>hi<assistant>")
+        with pytest.raises(Exception) as e:
+            parser.chat({"messages": [{"role": "system", "content": "hi"}]})
+        assert e.value.status == 400 and "end with a user message" in e.value.message
+        with pytest.raises(Exception) as e:  # never a template from the request
+            parser.chat({"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ 7 }}"})
+        assert e.value.status == 400 and e.value.param == "chat_template"
+    finally:
+        app.state.worker.stop()
+
+
+# ---------------------------------------------------------------- bad input
+
+BIG = "x" * 100  # 100 tokens
+BAD = [
+    # (route, body, status, words the message must contain, param)
+    ("completions", {"prompt": "a", "temperature": -1}, 400, "temperature", "temperature"),
+    ("completions", {"prompt": "a", "temperature": "hot"}, 400, "temperature", "temperature"),
+    ("completions", {"prompt": "a", "temperature": True}, 400, "temperature", "temperature"),
+    ("completions", b'{"prompt": "a", "temperature": 1e400}', 400, "temperature", "temperature"),
+    ("completions", b'{"prompt": "a", "temperature": -Infinity}', 400, "temperature", "temperature"),
+    ("completions", {"prompt": "a", "temperature": 10 ** 400}, 400, "temperature", "temperature"),
+    ("completions", {"prompt": "a", "top_p": 0}, 400, "top_p", "top_p"),
+    ("completions", {"prompt": "a", "top_p": 1.5}, 400, "top_p", "top_p"),
+    ("completions", {"prompt": "a", "top_k": -1}, 400, "top_k", "top_k"),
+    ("completions", {"prompt": "a", "top_k": 1.5}, 400, "top_k", "top_k"),
+    ("completions", {"prompt": "a", "min_p": -0.1}, 400, "min_p", "min_p"),
+    ("completions", {"prompt": "a", "min_p": 2}, 400, "min_p", "min_p"),
+    ("completions", {"prompt": "a", "max_tokens": 0}, 400, "max_tokens", "max_tokens"),
+    ("completions", {"prompt": "a", "max_tokens": "1"}, 400, "max_tokens", "max_tokens"),
+    ("completions", {"prompt": "a", "max_tokens": False}, 400, "max_tokens", "max_tokens"),
+    ("completions", {"prompt": "a", "max_tokens": LIMIT + 1}, 400, str(LIMIT), "max_tokens"),
+    ("completions", {"prompt": BIG, "max_tokens": 190}, 400, "context window", "max_tokens"),
+    ("completions", {"prompt": "x" * 2000}, 400, "context window", "prompt"),
+    ("completions", {"prompt": ""}, 400, "empty", "prompt"),
+    ("completions", {"prompt": []}, 400, "empty", "prompt"),
+    ("completions", {"prompt": ["a", "b"]}, 400, "one prompt", "prompt"),
+    ("completions", {"prompt": [1, "a"]}, 400, "token ids", "prompt"),
+    ("completions", {"prompt": [10 ** 9]}, 400, "token ids", "prompt"),
+    ("completions", {"prompt": 5}, 400, "prompt", "prompt"),
+    ("completions", {"max_tokens": 4}, 400, "prompt", "prompt"),
+    ("completions", {"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "stop"),
+    ("completions", {"prompt": "a", "stop": ""}, 400, "stop", "stop"),
+    ("completions", {"prompt": "a", "stop": ["a", ""]}, 400, "stop", "stop"),
+    ("completions", {"prompt": "a", "stop": 3}, 400, "stop", "stop"),
+    ("completions", {"prompt": "a", "n": 0}, 400, "n must", "n"),
+    ("completions", {"prompt": "a", "n": 9}, 400, "n must", "n"),
+    ("completions", {"prompt": "a", "seed": "1"}, 400, "seed", "seed"),
+    ("completions", {"prompt": "a", "seed": 2 ** 70}, 400, "seed", "seed"),
+    ("completions", {"prompt": "a", "stream": "yes"}, 400, "stream", "stream"),
+    ("completions", {"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream",
+     "stream_options"),
+    ("completions", {"prompt": "a", "stream": True, "stream_options": {"include_usage": 1}}, 400,
+     "include_usage", "include_usage"),
+    ("completions", {"prompt": "a", "user": 5}, 400, "user", "user"),
+    ("completions", {"prompt": "a", "model": 5}, 400, "model", "model"),
+    ("completions", {"prompt": "a", "logprobs": 2}, 400, "logprobs", "logprobs"),
+    ("completions", {"prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty", "presence_penalty"),
+    ("completions", [1, 2], 400, "JSON object", None),
+    ("completions", "null", 400, "JSON object", None),
+    ("completions", b"{not json", 400, "JSON", None),
+    ("completions", b"", 400, "empty", None),
+    ("completions", b"\xff\xfe", 400, "JSON", None),
+    ("completions", b'{"prompt": "a", "temperature": NaN}', 400, "temperature", "temperature"),
+    ("completions", b"[" * 100000 + b"]" * 100000, 400, "JSON", None),
+    ("completions", b'{"prompt": "a\\ud800"}', 400, "Unicode", "prompt"),
+    ("completions", b'{"prompt": "a", "stop": ["\\udfff"]}', 400, "Unicode", "stop"),
+    ("completions", b'{"prompt": "a", "temperature": "\\ud800"}', 400, "temperature", "temperature"),
+    ("completions", {"prompt": "a", "model": "gpt-4"}, 404, "gpt-4", "model"),
+    ("chat/completions", {}, 400, "messages", "messages"),
+    ("chat/completions", {"messages": []}, 400, "messages", "messages"),
+    ("chat/completions", {"messages": "hi"}, 400, "messages", "messages"),
+    ("chat/completions", {"messages": ["hi"]}, 400, "messages[0]", "messages[0]"),
+    ("chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "role", "messages[0].role"),
+    ("chat/completions", {"messages": [{"content": "hi"}]}, 400, "role", "messages[0].role"),
+    ("chat/completions", {"messages": [{"role": "user"}]}, 400, "content", "messages[0].content"),
+    ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, "content",
+     "messages[0].content"),
+    ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "text part", "messages[0].content"),
+    ("chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, "Unicode",
+     "messages[0].content"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400,
+     "temperature", "temperature"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10 ** 6}, 400,
+     "max_tokens", "max_tokens"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "model": "nope"}, 404, "nope",
+     "model"),
+]
+
+
+@pytest.mark.parametrize("route,body,status,words,param", BAD,
+                         ids=[f"{i}-{b[0]}-{b[2]}" for i, b in enumerate(BAD)])
+def test_bad_input(http, route, body, status, words, param):
+    if isinstance(body, (bytes, str)):  # raw body text
+        r = http.post(f"/v1/{route}", content=body, headers={"Content-Type": "application/json"})
+    else:
+        r = http.post(f"/v1/{route}", json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert words in err["message"], err
+    assert err["type"] == "invalid_request_error"
+    if param is not None:
+        assert err["param"] == param
+
+
+def test_context_error_names_both_numbers(http, reference):
+    prompt_tokens = len(reference.tokenizer.encode(BIG))
+    r = http.post("/v1/completions", json={"prompt": BIG, "max_tokens": 190})
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 400 and str(prompt_tokens) in msg and "190" in msg and "256" in msg
+
+
+def test_openai_client_sees_errors(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=N, temperature=-1)
+    assert "temperature" in e.value.message
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="missing", prompt=PROMPT, max_tokens=N)
+
+
+@pytest.mark.parametrize("method,path", [("GET", "/v1/models"), ("GET", "/metrics"), ("GET", "/nope"),
+                                         ("POST", "/v1/completions"), ("POST", "/v1/chat/completions")])
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic x"},
+                                     {"Authorization": f"Bearer {API_KEY}x"}])
+def test_auth(server, method, path, headers):
+    r = httpx.request(method, f"{server.url}{path}", headers=headers, json={"prompt": "a"})
+    assert r.status_code == 401
+    assert r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_routes_and_methods(http, server):
+    r = http.get("/nope")
+    assert r.status_code == 404 and "/nope" in r.json()["error"]["message"]
+    r = http.get("/v1/models/other")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = http.get("/v1/completions")
+    assert r.status_code == 405 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert httpx.get(f"{server.url}/health", headers={"Authorization": "Bearer wrong"}).status_code == 200
+
+
+def test_body_too_large(http):
+    big = json.dumps({"prompt": "a", "user": "x" * (1 << 20)}).encode()
+    r = http.post("/v1/completions", content=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+    def chunked():  # no Content-Length: the size is checked while reading
+        for i in range(0, len(big), 65536):
+            yield big[i:i + 65536]
+
+    r = http.post("/v1/completions", content=chunked(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+# ---------------------------------------------------------------- concurrency
+
+def test_concurrent_greedy_clients(server, reference):
+    prompts = [PROMPT, "class Point:", "for i in range(10):", "print(", "héllo wörld", "x = 1"] * 3
+    prompts = prompts[:16]
+    want = [greedy(reference, p).text for p in prompts]
+
+    def one(i):
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as c:
+            body = {"model": MODEL, "prompt": prompts[i], "max_tokens": N, "temperature": 0}
+            if i % 2:
+                lines = []
+                with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                    assert r.status_code == 200
+                    lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+                assert lines[-1] == "data: [DONE]"
+                return "".join(json.loads(ln[6:])["choices"][0]["text"] for ln in lines[:-1])
+            r = c.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(one, range(16)))
+    assert got == want
+    server.wait_idle()
+
+
+def test_cancelled_streams_free_the_engine(server, reference):
+    before = server.wait_idle()
+    max_tokens = 200  # uncancelled, 50 of these would keep the engine busy for a long while
+    # greedy: this prompt runs to max_tokens (no EOS)
+    body = {"model": MODEL, "prompt": "x = 1", "max_tokens": max_tokens, "temperature": 0, "stream": True}
+
+    def drop(_):
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as c:
+            with c.stream("POST", "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                next(r.iter_raw())  # the first chunk, then hang up
+
+    with ThreadPoolExecutor(5) as pool:
+        list(pool.map(drop, range(50)))
+    t0 = time.monotonic()
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=5) as c:
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": N,
+                                            "temperature": 0})
+    assert r.status_code == 200 and time.monotonic() - t0 < 5
+    assert r.json()["choices"][0]["text"] == greedy(reference, PROMPT).text
+    after = server.wait_idle(5)
+    assert after["specdec:num_requests_running"] == 0
+    cancelled = after["specdec:requests_cancelled_total"] - before["specdec:requests_cancelled_total"]
+    assert cancelled >= 40
+    generated = after["specdec:generation_tokens_total"] - before["specdec:generation_tokens_total"]
+    assert generated < 50 * max_tokens / 2
+
+
+class GatedDecoder:
+    """Wraps a decoder; each generation waits for the gate to open."""
+
+    def __init__(self, decoder):
+        self._decoder = decoder
+        self.gate = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._decoder, name)
+
+    def stream(self, prompt, **sampling):
+        assert self.gate.wait(30)
+        return self._decoder.stream(prompt, **sampling)
+
+
+@pytest.fixture(scope="module")
+def gated(model_dir):
+    """A plain (method none) server with a one-place queue whose engine waits for a gate."""
+    decoder = GatedDecoder(specdec.load(model_dir))
+    live = LiveServer(create_app(decoder, ServerSettings(max_queue=1)))
+    yield decoder, live
+    decoder.gate.set()
+    live.stop()
+
+
+def _wait_for(live, name, value, timeout=10):
+    deadline = time.monotonic() + timeout
+    while live.metrics()[name] != value:
+        assert time.monotonic() < deadline, f"{name} never reached {value}"
+        time.sleep(0.02)
+
+
+def test_queue_full_gives_429(gated):
+    decoder, live = gated
+    decoder.gate.clear()
+    url = f"{live.url}/v1/completions"
+    body = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0}
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(httpx.post, url, json=body, timeout=30)
+            _wait_for(live, "specdec:num_requests_running", 1)
+            second = pool.submit(httpx.post, url, json=body, timeout=30)
+            _wait_for(live, "specdec:num_requests_waiting", 1)
+            r = httpx.post(url, json=body, timeout=30)
+            assert r.status_code == 429, r.text
+            assert r.json()["error"]["code"] == "queue_full" and r.headers["retry-after"] == "1"
+            assert r.json()["error"]["type"] == "rate_limit_error"
+            decoder.gate.set()
+            assert first.result().status_code == 200 and second.result().status_code == 200
+    finally:
+        decoder.gate.set()
+    assert live.wait_idle()["specdec:num_requests_running"] == 0
+    m = live.metrics()
+    assert m['specdec:http_requests_total{endpoint="/v1/completions",method="POST",status="429"}'] == 1
+    # a plain server reports no speculative stats
+    r = httpx.post(url, json=body, timeout=30).json()
+    assert r["speculative"] == {"method": "none", "drafted_tokens": 0, "accepted_tokens": 0,
+                                "num_drafts": 0, "mean_accepted_length": None, "acceptance_rate": None}
+
+
+def test_cancelled_requests_are_skipped(gated):
+    """A non-streamed request whose client gives up, and a stream dropped while still queued."""
+    decoder, live = gated
+    decoder.gate.clear()
+    before = live.wait_idle()
+    body = {"prompt": "x = 1", "max_tokens": 200, "temperature": 0}
+    try:
+        with pytest.raises(httpx.ReadTimeout):  # runs (blocked at the gate); the client gives up
+            httpx.post(f"{live.url}/v1/completions", json={**body, "n": 8}, timeout=0.5)
+        with httpx.Client(base_url=live.url, timeout=30) as c:  # queued behind it, then dropped
+            with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                assert r.status_code == 200
+            time.sleep(0.2)  # let the server see both disconnects
+    finally:
+        decoder.gate.set()
+    after = live.wait_idle()
+    assert after["specdec:requests_cancelled_total"] - before["specdec:requests_cancelled_total"] == 2
+    # the running one stopped after a step; the queued one never reached the engine
+    assert after["specdec:generation_tokens_total"] - before["specdec:generation_tokens_total"] < 200
+    assert after["specdec:prompt_tokens_total"] - before["specdec:prompt_tokens_total"] == 4
+
+
+# ---------------------------------------------------------------- metrics
+
+SPEC = ("specdec:spec_decode_num_drafts_total", "specdec:spec_decode_num_draft_tokens_total",
+        "specdec:spec_decode_num_accepted_tokens_total")
+
+
+def test_metrics_match_responses(server, http):
+    text = http.get("/metrics").text
+    for name in SPEC + ("specdec:num_requests_running", "specdec:generation_tokens_total",
+                        "specdec:http_request_duration_seconds_count", "specdec:http_requests_total"):
+        assert re.search(rf"^{re.escape(name)}[ {{]", text, re.M), name
+    assert re.search(r'^specdec:spec_decode_num_accepted_tokens_per_pos_total\{position="0"\} ', text, re.M)
+    before = server.wait_idle()
+
+    spec = []
+    for body in ({"prompt": PROMPT, "max_tokens": N, "temperature": 0},
+                 {"prompt": "class Point:", "max_tokens": 16, "temperature": 1.0, "n": 3, "seed": 1}):
+        spec.append(http.post("/v1/completions", json=body).json()["speculative"])
+    with http.stream("POST", "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": N, "temperature": 0.5, "seed": 2,
+            "stream": True, "stream_options": {"include_usage": True}}) as r:
+        chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    spec.append(chunks[-1]["speculative"])
+    after = server.wait_idle()
+
+    def delta(name):
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert delta("specdec:spec_decode_num_drafts_total") == sum(s["num_drafts"] for s in spec)
+    assert delta("specdec:spec_decode_num_draft_tokens_total") == sum(s["drafted_tokens"] for s in spec)
+    assert delta("specdec:spec_decode_num_accepted_tokens_total") == sum(s["accepted_tokens"] for s in spec)
+    per_pos = {int(m.group(1)): delta(m.group(0)) for name in after
+               if (m := re.fullmatch(r'specdec:spec_decode_num_accepted_tokens_per_pos_total\{position="(\d+)"\}',
+                                     name))}
+    assert sum(per_pos.values()) == delta("specdec:spec_decode_num_accepted_tokens_total") > 0
+    assert max(p for p, v in per_pos.items() if v) < K
+    assert all(per_pos[p] >= per_pos.get(p + 1, 0) for p in per_pos)  # position i+1 needs position i
+    assert delta('specdec:http_requests_total{endpoint="/v1/completions",method="POST",status="200"}') == 2
+
+
+def test_accepted_per_position():
+    assert accepted_per_position([3, 1, 0, 2]) == [3, 2, 2]  # steps keeping 1, 3, 3 drafts
+    assert accepted_per_position([5]) == []
+
+
+# ---------------------------------------------------------------- CLI
+
+def test_serve_cli_arguments(capsys):
+    from specdec.cli import build_parser, main
+
+    args = build_parser().parse_args(["serve", "--target", "t", "--method", "draft", "--draft-tokens", "3",
+                                      "--port", "9000", "--api-key", "k", "--max-queue", "5",
+                                      "--max-tokens-limit", "100", "--model-name", "m"])
+    assert (args.target, args.method, args.draft_tokens, args.port, args.api_key, args.max_queue,
+            args.max_tokens_limit, args.model_name, args.host) == ("t", "draft", 3, 9000, "k", 5, 100, "m",
+                                                                   "127.0.0.1")
+    assert main(["serve", "--max-queue", "0"]) == 2
+    assert "--max-queue" in capsys.readouterr().err
+    assert main(["serve", "--port", "70000"]) == 2
