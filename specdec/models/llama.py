@@ -135,7 +135,9 @@ class LlamaModel(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.register_buffer("inv_freq", rope_inv_freq(config).float(), persistent=False)
+        # kept out of the module's buffers so .to(dtype) never rounds it
+        self.inv_freq = rope_inv_freq(config)
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self.apply(self._init_weights)
         for layer in self.model.layers:  # GPT-2 style: residual projections scaled by depth
             for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
@@ -162,7 +164,17 @@ class LlamaModel(nn.Module):
                        max_len or c.max_position_embeddings, self.dtype, self.device, batch_size)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_cos_sin(positions, self.inv_freq, self.dtype)
+        """cos/sin for positions, from a table grown on demand (decode steps index, not compute)."""
+        need = int(positions.max()) + 1
+        table = self._rope_table
+        if table is None or table[0].shape[0] < need or table[0].dtype != self.dtype or table[0].device != self.device:
+            size = max(256, 1 << (need - 1).bit_length())
+            cos, sin = rope_cos_sin(torch.arange(size), self.inv_freq, self.dtype)
+            table = self._rope_table = (cos[0, 0].to(self.device), sin[0, 0].to(self.device))
+        cos, sin = table[0][positions], table[1][positions]
+        if cos.dim() == 2:
+            cos, sin = cos[None], sin[None]
+        return cos[:, None], sin[:, None]
 
     def hidden_states(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
                       cache: KVCache | None = None,

@@ -33,7 +33,7 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * d, d)
         self.layer = DecoderLayer(config)
         self.norm = RMSNorm(d, config.rms_norm_eps)
-        self.register_buffer("inv_freq", rope_inv_freq(config).float(), persistent=False)
+        self.inv_freq = rope_inv_freq(config)  # float64, outside the buffers: .to(dtype) must not round it
 
     def new_cache(self, max_len: int) -> KVCache:
         c = self.config

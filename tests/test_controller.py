@@ -1,0 +1,58 @@
+"""The adaptive draft-length controller, on synthetic costs and acceptance."""
+import random
+
+from specdec.controller import DraftLengthController, TreeSizeController
+
+
+def simulate(controller, acceptance: float, target_cost, draft_cost: float, steps: int = 400, seed: int = 0):
+    rnd = random.Random(seed)
+    ks = []
+    for _ in range(steps):
+        k = controller.choose(16)
+        n = 0
+        while n < k and rnd.random() < acceptance:
+            n += 1
+        controller.observe(k, k, n, target_cost(k), draft_cost * k, 0.0)
+        ks.append(k)
+    return ks
+
+
+def test_useless_draft_turns_speculation_off():
+    c = DraftLengthController(max_k=8)
+    ks = simulate(c, 0.0, lambda k: 1.0 + 0.05 * k, 0.2)
+    tail = ks[100:]
+    assert sum(k == 0 for k in tail) / len(tail) > 0.9  # plain steps, with rare probes
+    assert any(k > 0 for k in tail)  # still probing
+
+
+def test_good_cheap_draft_drafts_long():
+    c = DraftLengthController(max_k=8)
+    ks = simulate(c, 0.9, lambda k: 1.0 + 0.02 * k, 0.02)
+    assert sum(ks[50:]) / len(ks[50:]) > 5
+
+
+def test_choice_maximises_modelled_rate():
+    c = DraftLengthController(max_k=8)
+    simulate(c, 0.6, lambda k: 1.0 + 0.1 * k, 0.15, steps=300)
+    a = c.acceptance
+    rate = lambda k: (1 - a ** (k + 1)) / (1 - a) / (1.0 + 0.1 * k + 0.15 * k)
+    best = max(range(9), key=rate)
+    assert abs(c.choose(16) - best) <= 1
+
+
+def test_fixed_k_and_limit():
+    c = DraftLengthController(fixed_k=5)
+    assert c.choose(16) == 5 and c.choose(3) == 3 and c.choose(0) == 0
+
+
+def test_tree_controller_prefers_faster_option():
+    c = TreeSizeController(sizes=[4, 16])
+    tokens = {0: 1.0, 4: 2.0, 16: 2.2}
+    seconds = {0: 1.0, 4: 1.2, 16: 2.0}
+    picks = []
+    for _ in range(200):
+        k = c.choose(100)
+        c.observe(k, k, tokens[k] - 1, seconds[k], 0.0, 0.0)
+        picks.append(k)
+    assert picks[:3] == [16, 4, 0]  # tries every size once
+    assert sum(p == 4 for p in picks[3:]) / len(picks[3:]) > 0.85
