@@ -2,6 +2,7 @@
 uses (extend / rollback by cache cropping). Chain decoding only: no tree masks."""
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
@@ -34,6 +35,9 @@ class TransformersRunner:
         ctx = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", 2048)
         self.max_len = min(max_len or ctx, ctx)
         self._cache_cls = DynamicCache
+        # transformers renamed `past_key_values` to `cache` (5.x); use whichever forward takes
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self.cache = DynamicCache()
         self.length = 0
         self.last_hidden = None
@@ -48,9 +52,9 @@ class TransformersRunner:
             raise SpecdecError("the transformers backend supports chain decoding only (no tree masks)")
         x = torch.tensor([ids], dtype=torch.long, device=self.model.device)
         pos = torch.arange(self.length, self.length + len(ids), device=self.model.device)[None]
-        out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True,
-                         cache_position=pos[0], position_ids=pos, output_hidden_states=want_hidden)
-        self.cache = out.past_key_values
+        out = self.model(input_ids=x, use_cache=True, position_ids=pos, output_hidden_states=want_hidden,
+                         **{self._cache_arg: self.cache})
+        self.cache = getattr(out, "cache", None) or out.past_key_values
         self.length += len(ids)
         self.last_hidden = out.hidden_states[-1][0] if want_hidden else None
         return out.logits[0]

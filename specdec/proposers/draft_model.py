@@ -17,8 +17,11 @@ class DraftModelProposer:
         self.cached: list[int] = []  # the tokens whose keys/values are in the draft cache
 
     def reset(self, prompt_ids: list[int]) -> None:
+        """Prefill the draft cache with the prompt (all but its last token, like the target)."""
         self.runner.reset()
-        self.cached = []
+        self.cached = list(prompt_ids[:-1])
+        if self.cached:
+            self.runner.extend(self.cached)
 
     def _sync(self, context: list[int]) -> list[int]:
         """Roll the draft cache back to its common prefix with context; return what to feed."""
@@ -40,13 +43,15 @@ class DraftModelProposer:
         for _ in range(k):
             logits = self.runner.extend(feed)[-1]
             self.cached.extend(feed)
-            probs = final_probs(logits, params)
-            token = int(probs.argmax()) if params.greedy else int(
-                torch.multinomial(probs, 1, generator=generator))
+            if params.greedy:  # greedy verification needs no draft probabilities
+                token = int(logits.argmax())
+            else:
+                probs = final_probs(logits, params)
+                token = int(torch.multinomial(probs, 1, generator=generator))
+                rows.append(probs)
             tokens.append(token)
-            rows.append(probs)
             feed = [token]
-        return Proposal(tokens, torch.stack(rows))
+        return Proposal(tokens, torch.stack(rows) if rows else None)
 
     def accepted(self, num_drafted: int, num_accepted: int) -> None:
         pass

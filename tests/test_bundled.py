@@ -1,0 +1,82 @@
+"""The shipped model family: loadable by transformers unchanged, lossless greedy decoding with
+every method in float64, and a useful default for `specdec generate`."""
+import ast
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import specdec
+from specdec.bench import build_suite
+from specdec.bundled import DEFAULT_DRAFT, DEFAULT_EAGLE, DEFAULT_MEDUSA, DEFAULT_TARGET
+from specdec.cli import main
+from specdec.models.checkpoint import load_native
+
+PROMPTS = [p.text[-400:] for p in build_suite(7)][:20]
+
+
+@pytest.mark.parametrize("folder", [DEFAULT_TARGET, DEFAULT_DRAFT], ids=["target", "draft"])
+def test_transformers_loads_shipped_models_unchanged(folder):
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    text = "def area(r):\n    return 3.14159 * r ** 2\n"
+    ids = tok(text, return_tensors="pt").input_ids
+    assert tok.decode(ids[0]) == text
+    native = load_native(folder, "float32")
+    with torch.no_grad():
+        assert torch.allclose(native(ids), hf(ids).logits, atol=1e-4)
+
+
+def test_model_cards_report_heldout_loss():
+    t = json.loads((DEFAULT_TARGET / "training.json").read_text())
+    d = json.loads((DEFAULT_DRAFT / "training.json").read_text())
+    assert t["heldout_loss_nats_per_token"] < d["heldout_loss_nats_per_token"]
+    for folder in (DEFAULT_TARGET, DEFAULT_DRAFT):
+        assert "PSF" in (folder / "README.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def plain64():
+    decoder = specdec.load(dtype="float64")
+    return [decoder.generate(p, max_new_tokens=64).token_ids for p in PROMPTS]
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram", "medusa", "eagle"])
+def test_greedy_identity_float64(plain64, method):
+    decoder = specdec.load(method=method, dtype="float64")
+    forwards = 0
+    for prompt, want in zip(PROMPTS, plain64):
+        result = decoder.generate(prompt, max_new_tokens=64)
+        assert result.token_ids == want
+        forwards += result.stats.target_forwards
+    assert forwards < 20 * 64  # speculation really happened
+
+
+def test_generate_fibonacci_looks_like_python(capsys):
+    assert main(["generate", "def fibonacci(n):", "--max-new-tokens", "48", "--json"]) == 0
+    text = json.loads(capsys.readouterr().out)["samples"][0]["text"]
+    assert "\n" in text and any(w in text for w in ("return", "if", "for", "while", "=", "("))
+    body = "def fibonacci(n):" + text
+    lines = body.split("\n")
+    assert lines[1].startswith((" ", "\t"))  # an indented body
+
+
+def test_random_draft_switches_speculation_off(tmp_path):
+    """A useless draft (random weights, acceptance ~0) must not make decoding much slower: the
+    controller falls back to plain steps (with rare probes)."""
+    from specdec.models import save_native
+    from specdec.models.checkpoint import load_native as ln
+
+    draft = ln(DEFAULT_DRAFT)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.normal_(0, 0.5)
+    save_native(draft, tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((DEFAULT_DRAFT / name).read_bytes())
+    decoder = specdec.load(target=DEFAULT_TARGET, draft=tmp_path, method="draft")
+    stats = decoder.generate(PROMPTS[0], max_new_tokens=128).stats
+    ks = stats.draft_tokens_per_step
+    assert sum(k == 0 for k in ks[10:]) / len(ks[10:]) > 0.85
