@@ -108,11 +108,13 @@ class SpecDecoder:
 def load(target: str | Path | None = None, draft: str | Path | None = None, method: str = "none",
          dtype: str = "float32", backend: str = "auto", draft_tokens: int | None = None,
          max_draft_tokens: int = 8, max_len: int | None = None,
-         tree_nodes: int | None = None) -> SpecDecoder:
+         tree_nodes: int | None = None, typical_acceptance: bool = False) -> SpecDecoder:
     """Load a target (None = the bundled model) and, for method='draft', a draft model
     (None = the bundled draft when the target is bundled); for 'medusa'/'eagle', `draft` is
     the head folder. draft_tokens fixes K (chain) or the tree size; by default they adapt per
-    step up to max_draft_tokens (chain) or tree_nodes (trees)."""
+    step up to max_draft_tokens (chain) or tree_nodes (trees). typical_acceptance=True is
+    LOSSY (Medusa's typical acceptance for tree methods at T > 0): outputs no longer follow
+    the target's distribution exactly."""
     if method not in METHODS:
         raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     parse_dtype(dtype)
@@ -147,6 +149,9 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
         proposer = head_proposer(method, draft_path, target_runner, tree_nodes)
     elif draft is not None:
         raise SpecdecError(f"a draft model was given but method is {method!r}; use method 'draft'")
+    if typical_acceptance and method not in ("medusa", "eagle"):
+        raise SpecdecError("typical acceptance applies to the tree methods (medusa, eagle) only")
     engine = Engine(target_runner, tokenizer, proposer, method, eos_token_ids(target_path),
-                    max_draft_tokens=draft_tokens or max_draft_tokens, fixed_draft_tokens=draft_tokens)
+                    max_draft_tokens=draft_tokens or max_draft_tokens, fixed_draft_tokens=draft_tokens,
+                    typical_acceptance=typical_acceptance)
     return SpecDecoder(engine, target_path, draft_path)

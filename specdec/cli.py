@@ -27,6 +27,9 @@ def _add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...]) -> Non
                    help="fixed number of drafted tokens per step (default: adaptive)")
     p.add_argument("--max-draft-tokens", type=int, default=8, help="upper bound for adaptive K")
     p.add_argument("--tree-nodes", type=int, default=None, help="largest draft tree (medusa, eagle)")
+    p.add_argument("--typical-acceptance", action="store_true",
+                   help="LOSSY: Medusa's typical acceptance for tree methods at T > 0; the output no longer "
+                        "follows the target's distribution (off by default)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -49,11 +52,12 @@ def _load(args):
 
     return specdec.load(target=args.target, draft=args.draft, method=args.method, dtype=args.dtype,
                         backend=args.backend, draft_tokens=args.draft_tokens,
-                        max_draft_tokens=args.max_draft_tokens, tree_nodes=args.tree_nodes)
+                        max_draft_tokens=args.max_draft_tokens, tree_nodes=args.tree_nodes,
+                        typical_acceptance=args.typical_acceptance)
 
 
 def _stats_line(stats) -> str:
-    parts = [f"method={stats.method}", f"new_tokens={stats.new_tokens}",
+    parts = [f"method={stats.method}" + (" (LOSSY: typical acceptance)" if stats.lossy else ""), f"new_tokens={stats.new_tokens}",
              f"target_forwards={stats.target_forwards}", f"tokens/s={stats.tokens_per_second:.1f}"]
     if stats.speculative:
         parts += [f"drafted={stats.drafted_tokens}", f"accepted={stats.accepted_tokens}",
@@ -87,7 +91,7 @@ def cmd_generate(args) -> int:
         sys.stdout.write("\n")
     stats = GenerationStats.merge([r.stats for r in results])
     if args.json:
-        keys = ("method", "new_tokens", "target_forwards", "drafted_tokens", "accepted_tokens",
+        keys = ("method", "lossy", "new_tokens", "target_forwards", "drafted_tokens", "accepted_tokens",
                 "acceptance_rate", "mean_accepted_length", "tokens_per_second", "wall_seconds",
                 "accepted_length_histogram", "draft_seconds", "target_seconds", "other_seconds",
                 "prefill_seconds")

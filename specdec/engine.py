@@ -18,12 +18,13 @@ from specdec.proposers.base import Proposal, Proposer
 from specdec.sampling import SamplingParams, final_probs, make_generator
 from specdec.text import TextStream, TextTokenizer
 from specdec.verify import (TorchRandom, tree_attention_mask, tree_depths, verify_greedy, verify_rejection,
-                            verify_tree_greedy, verify_tree_sampling)
+                            verify_tree_greedy, verify_tree_sampling, verify_tree_typical)
 
 
 @dataclass
 class GenerationStats:
     method: str
+    lossy: bool = False  # True only with typical acceptance at T > 0
     new_tokens: int = 0
     target_forwards: int = 0  # decoding passes (the prompt's prefill pass is not counted)
     drafted_tokens: int = 0
@@ -75,7 +76,7 @@ class GenerationStats:
 
     @staticmethod
     def merge(all_stats: list["GenerationStats"]) -> "GenerationStats":
-        out = GenerationStats(all_stats[0].method)
+        out = GenerationStats(all_stats[0].method, lossy=any(s.lossy for s in all_stats))
         for s in all_stats:
             for name in ("new_tokens", "target_forwards", "drafted_tokens", "accepted_tokens",
                          "prefill_seconds", "draft_seconds", "target_seconds", "other_seconds",
@@ -107,7 +108,7 @@ class StreamChunk:
 class Engine:
     def __init__(self, target, tokenizer: TextTokenizer, proposer: Proposer | None = None,
                  method: str = "none", eos_ids: tuple[int, ...] = (), max_draft_tokens: int = 8,
-                 fixed_draft_tokens: int | None = None):
+                 fixed_draft_tokens: int | None = None, typical_acceptance: bool = False):
         self.target = target
         self.tokenizer = tokenizer
         self.proposer = proposer
@@ -115,6 +116,7 @@ class Engine:
         self.eos_ids = set(eos_ids)
         self.max_draft_tokens = max_draft_tokens
         self.fixed_draft_tokens = fixed_draft_tokens
+        self.typical_acceptance = typical_acceptance  # LOSSY tree acceptance, off by default
 
     @property
     def context_window(self) -> int:
@@ -146,7 +148,7 @@ class Engine:
         prompt_ids = self.encode_prompt(prompt)
         generator = make_generator(params.seed)
         rng = TorchRandom(generator)
-        stats = GenerationStats(self.method)
+        stats = GenerationStats(self.method, lossy=self.typical_acceptance and not params.greedy)
         controller = self.new_controller()
         text = TextStream(self.tokenizer, params.stop)
         t_start = time.perf_counter()
@@ -199,6 +201,8 @@ class Engine:
                 target_probs = final_probs(logits, params)
                 if params.greedy:
                     tree_verdict = verify_tree_greedy(drafts, proposal.parents, target_probs)
+                elif self.typical_acceptance:
+                    tree_verdict = verify_tree_typical(drafts, proposal.parents, target_probs, rng)
                 else:
                     tree_verdict = verify_tree_sampling(drafts, proposal.parents, target_probs, rng)
                 num_accepted = len(tree_verdict.path)

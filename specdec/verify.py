@@ -150,3 +150,21 @@ def verify_tree_sampling(tokens: list[int], parents: list[int], target_probs: to
             return TreeVerdict(path, rng.categorical(r))
         path.append(accepted)
         node = accepted
+
+
+def verify_tree_typical(tokens: list[int], parents: list[int], target_probs: torch.Tensor,
+                        rng: RandomSource, epsilon: float = 0.09, delta: float = 0.3) -> TreeVerdict:
+    """LOSSY "typical acceptance" (Medusa paper): accept a candidate whose target probability
+    exceeds min(epsilon, delta * exp(-entropy)); the output no longer follows the target's
+    distribution exactly. Off by default; offered for comparison with the Medusa code."""
+    children = tree_children(parents)
+    path, node = [], -1
+    while True:
+        p = target_probs[node + 1]
+        entropy = float(-(p * torch.log(p.clamp_min(1e-30))).sum())
+        threshold = min(epsilon, delta * float(torch.exp(torch.tensor(-entropy))))
+        nxt = next((c for c in children.get(node, []) if float(p[tokens[c]]) > threshold), None)
+        if nxt is None:
+            return TreeVerdict(path, rng.categorical(p))
+        path.append(nxt)
+        node = nxt

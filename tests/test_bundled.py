@@ -1,6 +1,5 @@
 """The shipped model family: loadable by transformers unchanged, lossless greedy decoding with
 every method in float64, and a useful default for `specdec generate`."""
-import ast
 import json
 
 import pytest
@@ -9,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specdec
 from specdec.bench import build_suite
-from specdec.bundled import DEFAULT_DRAFT, DEFAULT_EAGLE, DEFAULT_MEDUSA, DEFAULT_TARGET
+from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.cli import main
 from specdec.models.checkpoint import load_native
 

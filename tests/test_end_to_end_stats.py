@@ -1,6 +1,5 @@
 """End-to-end statistics: speculative sampling through the real engine and tiny random models
 reproduces the target's exact joint distribution of the first tokens (chi-square)."""
-import itertools
 
 import numpy as np
 import pytest

@@ -1,12 +1,11 @@
 """Medusa and EAGLE through the real engine: greedy identity and chi-square on tiny random
 models with random heads."""
 import pytest
-import torch
 
 import specdec
 
 from helpers import make_eagle_dir, make_medusa_dir, make_model_dir
-from test_end_to_end_stats import N_SAMPLES, PROMPT, V, chi_square_p, exact_joint, sample_counts
+from test_end_to_end_stats import N_SAMPLES, V, chi_square_p, exact_joint, sample_counts
 from specdec.sampling import SamplingParams
 
 
@@ -59,3 +58,15 @@ def test_tree_sampling_matches_target_distribution(dirs, method, params_kw):
     counts = sample_counts(decoder, params_kw, N_SAMPLES)
     p = chi_square_p(counts, exact_joint(target, SamplingParams(**params_kw)))
     assert p > 1e-3, p
+
+
+def test_typical_acceptance_is_opt_in_and_labelled_lossy(text_dirs):
+    target, heads = text_dirs
+    with pytest.raises(specdec.SpecdecError, match="tree methods"):
+        specdec.load(target=target, method="ngram", typical_acceptance=True)
+    lossless = specdec.load(target=target, draft=heads["medusa"], method="medusa")
+    assert not lossless.generate("def", temperature=0.8, seed=0, max_new_tokens=8).stats.lossy
+    lossy = specdec.load(target=target, draft=heads["medusa"], method="medusa", typical_acceptance=True)
+    r = lossy.generate("def", temperature=0.8, seed=0, max_new_tokens=8)
+    assert r.stats.lossy and len(r.token_ids) == 8
+    assert not lossy.generate("def", temperature=0, max_new_tokens=8).stats.lossy  # greedy stays exact

@@ -7,7 +7,7 @@ import torch
 from specdec.verify import (tree_attention_mask, tree_depths, verify_tree_greedy, verify_tree_sampling)
 
 from enumerate import enumerate_outcomes
-from test_verify_exact import RandomLM, V as _V
+from test_verify_exact import RandomLM
 
 V = 5
 

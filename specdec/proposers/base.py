@@ -1,11 +1,14 @@
 """The interface every drafter implements."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
 
 
@@ -37,3 +40,17 @@ class Proposer(Protocol):
     def observe_target(self, hidden: torch.Tensor) -> None:
         """Hidden states [n, d] of the tokens just added to the target's cache, in order
         (only called when needs_hidden)."""
+
+
+def read_head_config(folder: str | Path, model_type: str) -> dict:
+    """config.json of a draft-head folder (Medusa, EAGLE), checked for its model_type."""
+    cfg_path = Path(folder) / "config.json"
+    if not cfg_path.is_file():
+        raise SpecdecError(f"{str(folder)!r} is not a {model_type} folder: no config.json")
+    cfg = json.loads(cfg_path.read_text())
+    if cfg.get("model_type") != model_type:
+        raise SpecdecError(f"{str(folder)!r} is not a {model_type} folder (model_type "
+                           f"{cfg.get('model_type')!r})")
+    if not (Path(folder) / "model.safetensors").is_file():
+        raise SpecdecError(f"{str(folder)!r} has no model.safetensors")
+    return cfg

@@ -16,10 +16,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specdec.cache import KVCache
-from specdec.errors import SpecdecError
 from specdec.models.config import ModelConfig
 from specdec.models.llama import DecoderLayer, RMSNorm, rope_cos_sin, rope_inv_freq
-from specdec.proposers.base import Proposal
+from specdec.proposers.base import Proposal, read_head_config
 from specdec.sampling import SamplingParams
 
 EAGLE_TYPE = "specdec-eagle"
@@ -65,13 +64,7 @@ def save_eagle(head: EagleHead, folder: str | Path, meta: dict) -> None:
 
 def load_eagle(folder: str | Path, dtype: torch.dtype = torch.float32) -> tuple[EagleHead, dict]:
     folder = Path(folder)
-    cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
-        raise SpecdecError(f"{str(folder)!r} is not an EAGLE head folder: no config.json")
-    cfg = json.loads(cfg_path.read_text())
-    if cfg.get("model_type") != EAGLE_TYPE:
-        raise SpecdecError(f"{str(folder)!r} is not an EAGLE head folder (model_type "
-                           f"{cfg.get('model_type')!r}, expected {EAGLE_TYPE!r})")
+    cfg = read_head_config(folder, EAGLE_TYPE)
     head = EagleHead(ModelConfig.from_hf_dict(cfg["head_config"]))
     head.load_state_dict(load_file(str(folder / "model.safetensors")))
     return head.to(dtype).eval(), cfg
@@ -136,7 +129,6 @@ class EagleProposer:
         parents: list[int] = []
         scores: list[float] = []
         entry: dict[int, int] = {}  # node -> its row in the head cache (when expanded)
-        node_feats: dict[int, torch.Tensor] = {}
         top = self._logprobs(out[0, -1]).topk(shape.top_k)
         for lp, tok in zip(top.values.tolist(), top.indices.tolist()):
             tokens.append(tok), parents.append(-1), scores.append(lp)

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specdec.errors import SpecdecError
-from specdec.proposers.base import Proposal
+from specdec.proposers.base import Proposal, read_head_config
 from specdec.proposers.trees import tree_from_choices
 from specdec.sampling import SamplingParams
 
@@ -50,13 +50,7 @@ def save_medusa(heads: MedusaHeads, folder: str | Path, meta: dict) -> None:
 
 def load_medusa(folder: str | Path, dtype: torch.dtype = torch.float32) -> tuple[MedusaHeads, dict]:
     folder = Path(folder)
-    cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
-        raise SpecdecError(f"{str(folder)!r} is not a Medusa heads folder: no config.json")
-    cfg = json.loads(cfg_path.read_text())
-    if cfg.get("model_type") != MEDUSA_TYPE:
-        raise SpecdecError(f"{str(folder)!r} is not a Medusa heads folder (model_type "
-                           f"{cfg.get('model_type')!r}, expected {MEDUSA_TYPE!r})")
+    cfg = read_head_config(folder, MEDUSA_TYPE)
     heads = MedusaHeads(cfg["num_heads"], cfg["hidden_size"])
     heads.load_state_dict(load_file(str(folder / "model.safetensors")))
     return heads.to(dtype).eval(), cfg

@@ -218,7 +218,7 @@ def create_app(decoder, settings: ServerSettings | None = None) -> FastAPI:
                 "accepted_tokens": stats.accepted_tokens,
                 "num_drafts": sum(1 for r in results for k in r.stats.draft_tokens_per_step if k > 0),
                 "mean_accepted_length": stats.mean_accepted_length,
-                "acceptance_rate": stats.acceptance_rate}
+                "acceptance_rate": stats.acceptance_rate, "lossy": stats.lossy}
 
     def usage(req: GenerationRequest, results) -> dict:
         completion = sum(len(r.token_ids) for r in results)

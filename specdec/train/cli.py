@@ -1,7 +1,6 @@
 """`specdec train ...`: tokenizer, language models (target / distilled draft), evaluation."""
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import time
