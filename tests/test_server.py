@@ -543,7 +543,8 @@ def test_queue_full_gives_429(gated):
     # a plain server reports no speculative stats
     r = httpx.post(url, json=body, timeout=30).json()
     assert r["speculative"] == {"method": "none", "drafted_tokens": 0, "accepted_tokens": 0,
-                                "num_drafts": 0, "mean_accepted_length": None, "acceptance_rate": None}
+                                "num_drafts": 0, "mean_accepted_length": None, "acceptance_rate": None,
+                                "lossy": False}
 
 
 def test_cancelled_requests_are_skipped(gated):
