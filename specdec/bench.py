@@ -178,18 +178,22 @@ def run_bench(methods: list[str], temperatures: list[float], tasks: list[str], t
     prompts = [p for p in build_suite(per_task) if p.task in tasks]
     runners = {}
     for m in methods:
-        if m in SPECDEC_METHODS:
-            drafter = {"draft": draft, "medusa": heads.get("medusa"), "eagle": heads.get("eagle")}.get(m)
-            runners[m] = SpecdecRunner(specdec.load(target=target, draft=drafter, method=m, dtype=dtype,
-                                                    draft_tokens=draft_tokens))
-        elif m in PEER_METHODS:
+        base, _, fixed = m.partition(":")  # "draft:4" = draft with a fixed K of 4
+        k = int(fixed) if fixed.isdigit() else draft_tokens
+        if fixed and not fixed.isdigit():
+            raise SpecdecError(f"bad method {m!r}: use NAME or NAME:K with an integer K")
+        if base in SPECDEC_METHODS:
+            drafter = {"draft": draft, "medusa": heads.get("medusa"), "eagle": heads.get("eagle")}.get(base)
+            runners[m] = SpecdecRunner(specdec.load(target=target, draft=drafter, method=base, dtype=dtype,
+                                                    draft_tokens=k))
+        elif base in PEER_METHODS and not fixed:
             if m == "hf-assisted" and draft_dir is None:
                 raise SpecdecError("hf-assisted needs a draft model (--draft)")
             tok = specdec.load(target=target).tokenizer
             runners[m] = PeerRunner(m, target_dir, draft_dir, tok)
         else:
             raise SpecdecError(f"unknown bench method {m!r}; choose from "
-                               f"{', '.join(SPECDEC_METHODS + PEER_METHODS)}")
+                               f"{', '.join(SPECDEC_METHODS + PEER_METHODS)} (NAME:K fixes K)")
     for runner in runners.values():  # warm-up
         runner.run(prompts[0].text, 0.0, 8, 0)
     rows = []
@@ -204,7 +208,7 @@ def run_bench(methods: list[str], temperatures: list[float], tasks: list[str], t
                           model_memory_mb=round(runner.memory_mb(), 1))
                 if m == "none":
                     plain_tps = s.tokens_per_second
-                if m in SPECDEC_METHODS and m != "none":
+                if m.partition(":")[0] in SPECDEC_METHODS and m != "none":
                     row.mean_accepted_length = round(s.mean_accepted_length, 3)
                     row.acceptance_rate = round(s.acceptance_rate, 3)
                     row.mean_draft_tokens = round(s.drafted_tokens / max(1, s.target_forwards), 2)
