@@ -71,12 +71,13 @@ def cmd_lm(args) -> int:
                       distill_weight=args.distill_weight if teacher is not None else 0.0,
                       threads=args.threads)
     t0 = time.time()
-    model = train_lm(preset(args.preset, tok), train_ids, out / "run", cfg, teacher=teacher)
+    model, total_seconds = train_lm(preset(args.preset, tok), train_ids, out / "run", cfg, teacher=teacher)
     seconds = time.time() - t0
     held_loss = evaluate(model, held_ids, min(args.seq_len, len(held_ids) - 1))
     card = {"preset": args.preset, "parameters": sum(p.numel() for p in model.parameters()),
             "train_tokens": int(len(train_ids)), "heldout_tokens": int(len(held_ids)),
             "heldout_loss_nats_per_token": round(held_loss, 4), "train_seconds_this_run": round(seconds),
+            "train_seconds_total": round(total_seconds),
             "teacher": str(args.teacher) if args.teacher else None, "train_config": cfg.__dict__}
     export_model(model, tok_dir, out / "model", args.export_dtype, card)
     print(json.dumps({k: card[k] for k in ("parameters", "heldout_loss_nats_per_token")}))

@@ -58,7 +58,7 @@ def _optimizer(model: LlamaModel, cfg: TrainConfig) -> torch.optim.AdamW:
 
 
 def save_checkpoint(path: Path, model: LlamaModel, opt: torch.optim.Optimizer, step: int,
-                    gen: torch.Generator) -> None:
+                    gen: torch.Generator, elapsed_seconds: float = 0.0) -> None:
     path.mkdir(parents=True, exist_ok=True)
     save_native(model, path / "model")
     tensors = {"rng": gen.get_state()}
@@ -66,10 +66,11 @@ def save_checkpoint(path: Path, model: LlamaModel, opt: torch.optim.Optimizer, s
         for k, v in st.items():
             tensors[f"{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
     save_file(tensors, str(path / "optimizer.safetensors"))
-    (path / "state.json").write_text(json.dumps({"step": step}))
+    (path / "state.json").write_text(json.dumps({"step": step, "elapsed_seconds": round(elapsed_seconds, 1)}))
 
 
-def load_checkpoint(path: Path, opt: torch.optim.Optimizer, gen: torch.Generator) -> tuple[LlamaModel, int]:
+def load_checkpoint(path: Path, opt: torch.optim.Optimizer,
+                    gen: torch.Generator) -> tuple[LlamaModel, int, float]:
     model = load_native(path / "model", "float32")
     tensors = load_file(str(path / "optimizer.safetensors"))
     gen.set_state(tensors.pop("rng"))
@@ -80,7 +81,8 @@ def load_checkpoint(path: Path, opt: torch.optim.Optimizer, gen: torch.Generator
     sd = opt.state_dict()
     sd["state"] = state
     opt.load_state_dict(sd)
-    return model, json.loads((path / "state.json").read_text())["step"]
+    state = json.loads((path / "state.json").read_text())
+    return model, state["step"], state.get("elapsed_seconds", 0.0)
 
 
 def evaluate(model: LlamaModel, tokens: np.ndarray, seq_len: int, max_windows: int = 64) -> float:
@@ -100,8 +102,9 @@ def evaluate(model: LlamaModel, tokens: np.ndarray, seq_len: int, max_windows: i
 
 
 def train_lm(model_config: ModelConfig, tokens: np.ndarray, out: str | Path, cfg: TrainConfig,
-             teacher: LlamaModel | None = None, log=print) -> LlamaModel:
-    """Train from scratch (or resume from out/checkpoint) and return the float32 model."""
+             teacher: LlamaModel | None = None, log=print) -> tuple[LlamaModel, float]:
+    """Train from scratch (or resume from out/checkpoint); return the float32 model and the
+    training seconds of all runs of this training (resumes included)."""
     out = Path(out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -109,10 +112,10 @@ def train_lm(model_config: ModelConfig, tokens: np.ndarray, out: str | Path, cfg
     gen = torch.Generator().manual_seed(cfg.seed)
     model = LlamaModel(model_config)
     opt = _optimizer(model, cfg)
-    start = 0
+    start, earlier = 0, 0.0
     ckpt = out / "checkpoint"
     if (ckpt / "state.json").is_file():
-        loaded, start = load_checkpoint(ckpt, opt, gen)
+        loaded, start, earlier = load_checkpoint(ckpt, opt, gen)
         model.load_state_dict(loaded.state_dict())
         log(f"resumed from {ckpt} at step {start}")
     (out).mkdir(parents=True, exist_ok=True)
@@ -145,8 +148,8 @@ def train_lm(model_config: ModelConfig, tokens: np.ndarray, out: str | Path, cfg
             opt.step()
             progress.update(task, advance=1, loss=loss.item())
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
-                save_checkpoint(ckpt, model, opt, step + 1, gen)
+                save_checkpoint(ckpt, model, opt, step + 1, gen, earlier + time.time() - t0)
     log(f"trained {cfg.steps - start} steps in {time.time() - t0:.0f}s")
-    (out / "train_time_seconds.txt").write_text(f"{time.time() - t0:.0f}\n")
-    save_checkpoint(ckpt, model, opt, cfg.steps, gen)
-    return model
+    total = earlier + time.time() - t0
+    save_checkpoint(ckpt, model, opt, max(cfg.steps, start), gen, total)
+    return model, total
