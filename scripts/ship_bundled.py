@@ -31,6 +31,8 @@ def card(name: str, title: str, info: dict, extra: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", default="runs")
+    ap.add_argument("--medusa", default="medusa", help="run folder of the Medusa heads to ship")
+    ap.add_argument("--eagle", default="eagle", help="run folder of the EAGLE head to ship")
     args = ap.parse_args()
     runs = Path(args.runs)
     pair = json.loads((runs / "pair_eval.json").read_text()) if (runs / "pair_eval.json").is_file() else {}
@@ -49,10 +51,10 @@ def main() -> None:
         if pair:
             extra.append(f"- Pair evaluation (`specdec train eval`): {json.dumps(pair)}")
         (out / "README.md").write_text(card(name, title, info, "\n".join(extra)))
-    for name, src, title in (("pycode-target-medusa", runs / "medusa",
+    for name, src, title in (("pycode-target-medusa", runs / args.medusa,
                               "Medusa heads for pycode-target (residual block per head, sharing the "
                               "target's frozen lm_head), self-distilled from the target."),
-                             ("pycode-target-eagle", runs / "eagle",
+                             ("pycode-target-eagle", runs / args.eagle,
                               "EAGLE head for pycode-target: fc(feature, embedding) -> one Llama decoder "
                               "layer -> predicted feature, read by the target's frozen lm_head.")):
         out = DEST / name
@@ -62,6 +64,8 @@ def main() -> None:
         for f in ("config.json", "model.safetensors"):
             shutil.copy(src / f, out / f)
         info = json.loads((out / "config.json").read_text())
+        info["target"] = "pycode-target"
+        (out / "config.json").write_text(json.dumps(info, indent=2) + "\n")
         keys = [k for k in info if k.startswith("heldout") or k.startswith("tree_expected")]
         extra = "\n".join(f"- {k}: {json.dumps(info[k])}" for k in keys)
         (out / "README.md").write_text(card(name, title, info, extra))

@@ -88,7 +88,7 @@ class EagleProposer:
         self.head, self.embed, self.lm_head = head, embed, lm_head
         self.tree = tree or TreeShape()
         n = self.tree.nodes
-        self.tree_sizes = sorted({min(s, n) for s in (6, 12, n)})
+        self.tree_sizes = sorted({min(s, n) for s in (4, 8, 16, n)})
         self.cache = head.new_cache(max_len + self.tree.depth * self.tree.expand + 8)
         self.committed = 0  # head cache positions that belong to the accepted sequence
         self.pending: list[torch.Tensor] = []  # target features not yet fed to the head

@@ -204,12 +204,19 @@ def cmd_eagle(args) -> int:
     target = load_native(args.target, "float32")
     train_ids, held_ids = _head_data(args, args.target)
     torch.manual_seed(args.seed)
-    head = EagleHead(replace(target.config, num_hidden_layers=1))
+    if args.init:
+        from specdec.proposers.eagle import load_eagle
+
+        head = load_eagle(args.init)[0].train()
+    else:
+        head = EagleHead(replace(target.config, num_hidden_layers=1))
     cfg = _head_config(args)
+    cfg.unroll = args.unroll
     seconds = train_eagle(target, head, train_ids, cfg)
     acc = eagle_accuracy(target, head, held_ids, seq_len=min(256, len(held_ids) - 1))
     meta = {"target": Path(args.target).name, "target_vocab_size": target.config.vocab_size,
             "tree": TreeShape().__dict__, "heldout_accuracy": acc, "train_seconds": round(seconds),
+            "init": args.init,
             "train_config": cfg.__dict__}
     save_eagle(head, args.out, meta)
     print(json.dumps(acc))
@@ -229,6 +236,10 @@ def add_head_parsers(tsub) -> None:
         p.add_argument("--lr", type=float, default=1e-3)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--threads", type=int, default=0)
+        if name == "eagle":
+            p.add_argument("--unroll", type=int, default=1,
+                           help="also train on the head's own predicted features for this many steps")
+            p.add_argument("--init", help="continue from an existing EAGLE head folder")
         if name == "medusa":
             p.add_argument("--num-heads", type=int, default=4)
             p.add_argument("--tree-nodes", type=int, default=24)

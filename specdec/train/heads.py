@@ -29,6 +29,7 @@ class HeadTrainConfig:
     head_decay: float = 0.8  # Medusa: weight of head k is head_decay**k
     feature_noise: float = 0.1  # EAGLE: uniform noise on input features
     cls_weight: float = 0.1  # EAGLE: weight of the distillation term vs feature regression
+    unroll: int = 1  # EAGLE: >1 also trains on the head's own predicted features (deeper drafts)
 
 
 def _progress():
@@ -115,16 +116,22 @@ def train_eagle(target: LlamaModel, head, tokens: np.ndarray, cfg: HeadTrainConf
         x = batch[:, :-1]
         with torch.no_grad():
             logits, feats = target(x, return_hidden=True)
-            target_p = torch.softmax(logits[:, 1:].float(), -1)
-            inputs = feats[:, :-1]
-            noise = (torch.rand(inputs.shape, generator=noise_gen) * 2 - 1) * cfg.feature_noise
-            embeds = target.model.embed_tokens(x[:, 1:])
-        pos = torch.arange(inputs.shape[1])
-        pred = head(inputs + noise, embeds, pos)
-        reg = F.smooth_l1_loss(pred, feats[:, 1:])
-        logp = F.log_softmax(target.lm_head(pred).float(), -1)
-        cls = -(target_p * logp).sum(-1).mean()
-        return reg + cfg.cls_weight * cls
+            target_logp = torch.log_softmax(logits.float(), -1)
+            noise = (torch.rand(feats.shape, generator=noise_gen) * 2 - 1) * cfg.feature_noise
+        inputs = feats + noise
+        loss = 0.0
+        # step s: input features at position t are the real ones (s = 1) or the head's own
+        # predictions from step s-1 (as when drafting deeper), paired with token t+s
+        for s in range(1, cfg.unroll + 1):
+            n = inputs.shape[1] - 1
+            embeds = target.model.embed_tokens(x[:, s:s + n])
+            pred = head(inputs[:, :n], embeds, torch.arange(s - 1, s - 1 + n))
+            reg = F.smooth_l1_loss(pred, feats[:, s:s + n])
+            logp = F.log_softmax(target.lm_head(pred).float(), -1)
+            cls = -(target_logp[:, s:s + n].exp() * logp).sum(-1).mean()
+            loss = loss + reg + cfg.cls_weight * cls
+            inputs = pred
+        return loss
 
     return _loop("eagle", head, step_loss, tokens, cfg, log)
 
