@@ -99,6 +99,14 @@ class GenerationResult:
 
 
 @dataclass
+class StepOutcome:
+    new_tokens: list[int]  # accepted drafts + the target's own token
+    num_accepted: int
+    kept: list[int]  # rows of the verify pass that stay in the cache
+    target_seconds: float
+
+
+@dataclass
 class StreamChunk:
     text: str  # new text since the previous chunk
     token_ids: list[int]  # new token ids since the previous chunk
@@ -137,6 +145,42 @@ class Engine:
         if self.proposer is not None and self.proposer.shape == "tree":
             return TreeSizeController(self.proposer.tree_sizes, fixed_size=self.fixed_draft_tokens)
         return DraftLengthController(max_k=self.max_draft_tokens, fixed_k=self.fixed_draft_tokens)
+
+    def _target_pass(self, ids: list[int], **kwargs) -> tuple[torch.Tensor, float]:
+        t0 = time.perf_counter()
+        logits = self.target.extend(ids, want_hidden=self.proposer is not None and self.proposer.needs_hidden,
+                                    **kwargs)
+        return logits, time.perf_counter() - t0
+
+    def _verify_chain(self, last: int, proposal: Proposal, params: SamplingParams, rng: TorchRandom):
+        """Score [last] + drafts in one pass; keep the accepted prefix in the cache."""
+        drafts, start = proposal.tokens, self.target.length
+        logits, seconds = self._target_pass([last] + drafts)
+        target_probs = final_probs(logits, params)
+        if params.greedy:
+            verdict = verify_greedy(drafts, target_probs)
+        else:
+            verdict = verify_rejection(drafts, proposal.draft_probs, target_probs, rng)
+        n = verdict.num_accepted
+        self.target.rollback(start + 1 + n)
+        return StepOutcome(drafts[:n] + [verdict.next_token], n, list(range(n + 1)), seconds)
+
+    def _verify_tree(self, last: int, proposal: Proposal, params: SamplingParams, rng: TorchRandom):
+        """Score [last] + tree nodes in one pass with a tree mask; keep only the accepted path."""
+        drafts, parents, start = proposal.tokens, proposal.parents, self.target.length
+        depths = torch.tensor([0] + tree_depths(parents))
+        logits, seconds = self._target_pass([last] + drafts, attn_mask=tree_attention_mask(parents),
+                                            positions=start + depths)
+        target_probs = final_probs(logits, params)
+        if params.greedy:
+            verdict = verify_tree_greedy(drafts, parents, target_probs)
+        elif self.typical_acceptance:
+            verdict = verify_tree_typical(drafts, parents, target_probs, rng)
+        else:
+            verdict = verify_tree_sampling(drafts, parents, target_probs, rng)
+        kept = [0] + [1 + i for i in verdict.path]
+        self.target.keep(start, kept)
+        return StepOutcome([drafts[i] for i in verdict.path] + [verdict.next_token], len(verdict.path), kept, seconds)
 
     def generate(self, prompt: str | list[int], params: SamplingParams) -> GenerationResult:
         result = None
@@ -179,40 +223,13 @@ class Engine:
             proposal = proposer.propose(context, k, params, generator) if k > 0 else Proposal([])
             drafts = proposal.tokens
             t1 = time.perf_counter()
-            start = target.length
-            if proposal.parents is None:  # chain
-                logits = target.extend([context[-1]] + drafts, want_hidden=needs_hidden)
-                t2 = time.perf_counter()
-                target_probs = final_probs(logits, params)
-                draft_probs = proposal.draft_probs
-                if params.greedy:
-                    verdict = verify_greedy(drafts, target_probs)
-                else:
-                    verdict = verify_rejection(drafts, draft_probs, target_probs, rng)
-                num_accepted = verdict.num_accepted
-                kept = list(range(num_accepted + 1))
-                target.rollback(start + 1 + num_accepted)
-                new = drafts[:num_accepted] + [verdict.next_token]
-            else:  # tree: one pass with a tree mask, then keep only the accepted path
-                depths = torch.tensor([0] + tree_depths(proposal.parents))
-                logits = target.extend([context[-1]] + drafts, attn_mask=tree_attention_mask(proposal.parents),
-                                       positions=start + depths, want_hidden=needs_hidden)
-                t2 = time.perf_counter()
-                target_probs = final_probs(logits, params)
-                if params.greedy:
-                    tree_verdict = verify_tree_greedy(drafts, proposal.parents, target_probs)
-                elif self.typical_acceptance:
-                    tree_verdict = verify_tree_typical(drafts, proposal.parents, target_probs, rng)
-                else:
-                    tree_verdict = verify_tree_sampling(drafts, proposal.parents, target_probs, rng)
-                num_accepted = len(tree_verdict.path)
-                kept = [0] + [1 + i for i in tree_verdict.path]
-                target.keep(start, kept)
-                new = [drafts[i] for i in tree_verdict.path] + [tree_verdict.next_token]
+            verify = self._verify_chain if proposal.parents is None else self._verify_tree
+            step = verify(context[-1], proposal, params, rng)
+            new, num_accepted, target_seconds = step.new_tokens, step.num_accepted, step.target_seconds
             if proposer is not None:
                 proposer.accepted(len(drafts), num_accepted)
                 if needs_hidden:
-                    proposer.observe_target(target.last_hidden[kept])
+                    proposer.observe_target(target.last_hidden[step.kept])
             stats.record_step(len(drafts), num_accepted)
             hit_eos = False
             for i, tok in enumerate(new):
@@ -225,10 +242,10 @@ class Engine:
             delta = text.push(new)
             t3 = time.perf_counter()
             if proposer is not None:
-                controller.observe(k, len(drafts), num_accepted, t2 - t1, t1 - t0, t3 - t2)
+                controller.observe(k, len(drafts), num_accepted, target_seconds, t1 - t0, t3 - t1 - target_seconds)
             stats.draft_seconds += t1 - t0
-            stats.target_seconds += t2 - t1
-            stats.other_seconds += t3 - t2
+            stats.target_seconds += target_seconds
+            stats.other_seconds += t3 - t1 - target_seconds
             if hit_eos or text.stopped:
                 finish = "stop"
                 pending_text, pending_ids = delta, new

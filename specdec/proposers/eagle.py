@@ -72,10 +72,10 @@ def load_eagle(folder: str | Path, dtype: torch.dtype = torch.float32) -> tuple[
 
 @dataclass
 class TreeShape:
-    top_k: int = 6  # children expanded per node
-    depth: int = 5  # levels grown
-    expand: int = 6  # nodes expanded per level (the most probable ones)
-    nodes: int = 24  # N kept for verification
+    top_k: int = 5  # children expanded per node
+    depth: int = 7  # levels grown
+    expand: int = 5  # nodes expanded per level (the most probable ones)
+    nodes: int = 32  # N kept for verification (the controller may pick a smaller tree)
 
 
 class EagleProposer:
