@@ -47,7 +47,11 @@ def main() -> None:
             shutil.rmtree(out)
         shutil.copytree(src, out)
         info = json.loads((out / "training.json").read_text())
-        extra = [f"- Held-out loss: {info['heldout_loss_nats_per_token']} nats/token"]
+        extra = [f"- Held-out loss: {info['heldout_loss_nats_per_token']} nats/token (float32 weights before the "
+                 "bfloat16 export; the pair evaluation below uses the shipped weights)"]
+        if name == "pycode-draft":
+            extra.append("- Schedule: 400 steps, then resumed to 1000 steps (the cosine schedule re-stretched "
+                         "at step 400); ran beside the head trainings, so its wall time is inflated")
         if pair:
             extra.append(f"- Pair evaluation (`specdec train eval`): {json.dumps(pair)}")
         (out / "README.md").write_text(card(name, title, info, "\n".join(extra)))

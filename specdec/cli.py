@@ -115,6 +115,9 @@ def cmd_models(args) -> int:
         return 1
     for path in models:
         cfg = read_hf_config(path)
+        if str(cfg.get("model_type", "")).startswith("specdec-"):
+            print(f"{path.name}\t{cfg['model_type']}\tdraft heads for {cfg.get('target')}\t{path}")
+            continue
         print(f"{path.name}\t{cfg.get('model_type')}\tlayers={cfg.get('num_hidden_layers')} "
               f"hidden={cfg.get('hidden_size')} vocab={cfg.get('vocab_size')}\t{path}")
     return 0

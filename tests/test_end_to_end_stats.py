@@ -22,8 +22,8 @@ PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive, so prompt lookup always has a p
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     kw = dict(vocab_size=V, tokenizer="char", hidden_size=16, layers=1, heads=2, kv_heads=1, max_pos=32)
-    target = make_model_dir(tmp_path_factory.mktemp("t"), seed=1, scale=3.0, **kw)
-    draft = make_model_dir(tmp_path_factory.mktemp("d"), seed=1, scale=2.0, **kw)  # related, not equal
+    target = make_model_dir(tmp_path_factory.mktemp("t"), seed=1, scale=0.5, **kw)  # broad distributions
+    draft = make_model_dir(tmp_path_factory.mktemp("d"), seed=1, scale=0.35, **kw)  # related, not equal
     return target, draft
 
 
@@ -63,6 +63,7 @@ def chi_square_p(counts: dict, joint: dict) -> float:
             tail_e += e
     if tail_e > 0:
         obs.append(tail_o), exp.append(tail_e)
+    assert len(obs) >= 10, "degenerate test: the target distribution has too few outcomes"
     exp = np.array(exp) * (sum(obs) / sum(exp))
     return float(chisquare(obs, exp).pvalue)
 

@@ -12,7 +12,7 @@ from specdec.sampling import SamplingParams
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     kw = dict(vocab_size=V, tokenizer="char", hidden_size=16, layers=1, heads=2, kv_heads=1, max_pos=32)
-    target = make_model_dir(tmp_path_factory.mktemp("t"), seed=1, scale=3.0, **kw)
+    target = make_model_dir(tmp_path_factory.mktemp("t"), seed=1, scale=0.5, **kw)  # broad distributions
     medusa = make_medusa_dir(tmp_path_factory.mktemp("medusa"), target)
     eagle = make_eagle_dir(tmp_path_factory.mktemp("eagle"), target)
     return target, {"medusa": medusa, "eagle": eagle}
