@@ -72,6 +72,9 @@ def main() -> None:
         (out / "config.json").write_text(json.dumps(info, indent=2) + "\n")
         keys = [k for k in info if k.startswith("heldout") or k.startswith("tree_expected")]
         extra = "\n".join(f"- {k}: {json.dumps(info[k])}" for k in keys)
+        if info.get("init"):
+            extra += (f"\n- Fine-tuned from the head in {info['init']} (trained first; see "
+                      "scripts/train_bundled.sh); the training time above is the fine-tune's only")
         (out / "README.md").write_text(card(name, title, info, extra))
     print("shipped:", ", ".join(sorted(p.name for p in DEST.iterdir())))
 

@@ -16,7 +16,8 @@ class DraftLengthController:
     prior_acceptance: float = 0.6
     prior_weight: float = 2.0
     decay: float = 0.9  # forgetting per observation: acceptance drifts with the text
-    probe_every: int = 16  # when plain steps win, still try K=1 this often to track acceptance
+    probe_every: int = 20  # when plain steps win, still draft this often to track acceptance
+    probe_k: int = 2
     time_decay: float = 0.8
     accepted_count: float = 0.0
     rejected_count: float = 0.0
@@ -36,13 +37,18 @@ class DraftLengthController:
         return (1 - a ** (k + 1)) / (1 - a)
 
     def target_time(self, k: int) -> float:
-        """Measured EMA for K, else a line fitted through the measured points."""
+        """Measured EMA for K, else a line through the measured K >= 1 points. A 1-token pass
+        (K = 0) is kept out of the fit: on CPUs it often takes a faster matrix-vector path."""
         if k in self.target_seconds:
             return self.target_seconds[k]
-        pts = sorted(self.target_seconds.items())
+        pts = sorted((kk, t) for kk, t in self.target_seconds.items() if kk >= 1)
+        if k == 0:
+            return pts[0][1] if pts else 0.0
+        if not pts:
+            return self.target_seconds.get(0, 0.0) * 1.3
         if len(pts) == 1:
-            k0, t0 = pts[0]
-            return t0 * (1 + 0.1 * (k - k0)) if k > k0 else t0
+            k1, t1 = pts[0]
+            return t1 * (1 + 0.05 * (k - k1))
         n = len(pts)
         mk = sum(p[0] for p in pts) / n
         mt = sum(p[1] for p in pts) / n
@@ -69,8 +75,8 @@ class DraftLengthController:
         best = max(range(upper + 1), key=lambda k: self.expected_tokens(k) / self.step_cost(k))
         if best == 0:
             self.plain_streak += 1
-            if 0 not in self.target_seconds or self.plain_streak % self.probe_every == 0:
-                return 1 if 0 in self.target_seconds else 0
+            if self.plain_streak % self.probe_every == 0:
+                return min(self.probe_k, upper)
         else:
             self.plain_streak = 0
         return best
@@ -96,7 +102,7 @@ class TreeSizeController:
 
     sizes: list[int]
     fixed_size: int | None = None
-    probe_every: int = 16
+    probe_every: int = 24
     decay: float = 0.8
     tokens_per_step: dict[int, float] = field(default_factory=dict)
     seconds_per_step: dict[int, float] = field(default_factory=dict)
@@ -112,9 +118,12 @@ class TreeSizeController:
             return untried[0]
         rate = {s: self.tokens_per_step[s] / self.seconds_per_step[s] for s in allowed}
         best = max(allowed, key=rate.__getitem__)
-        others = [s for s in allowed if s != best]
-        if others and self.steps % self.probe_every == 0:
-            return others[(self.steps // self.probe_every) % len(others)]
+        if self.steps % self.probe_every == 0:  # re-measure a neighbouring size
+            ordered = sorted(allowed)
+            i = ordered.index(best)
+            neighbours = ordered[max(0, i - 1):i] + ordered[i + 1:i + 2]
+            if neighbours:
+                return neighbours[(self.steps // self.probe_every) % len(neighbours)]
         return best
 
     def observe(self, chosen: int, k: int, num_accepted: int, target_seconds: float,

@@ -125,6 +125,7 @@ class Engine:
         self.max_draft_tokens = max_draft_tokens
         self.fixed_draft_tokens = fixed_draft_tokens
         self.typical_acceptance = typical_acceptance  # LOSSY tree acceptance, off by default
+        self._controllers: dict = {}
 
     @property
     def context_window(self) -> int:
@@ -140,6 +141,16 @@ class Engine:
             raise SpecdecError(f"the prompt has {len(ids)} tokens; the model's context window is "
                                f"{self.context_window} tokens (room is needed for at least one new token)")
         return ids
+
+    def controller_for(self, params: SamplingParams):
+        """One controller per sampling setting, kept across generations: measured costs carry
+        over, and acceptance (which depends on temperature and filters) is tracked apart."""
+        key = (params.temperature, params.top_k, params.top_p, params.min_p)
+        if key not in self._controllers:
+            if len(self._controllers) >= 64:
+                self._controllers.pop(next(iter(self._controllers)))
+            self._controllers[key] = self.new_controller()
+        return self._controllers[key]
 
     def new_controller(self):
         if self.proposer is not None and self.proposer.shape == "tree":
@@ -193,7 +204,7 @@ class Engine:
         generator = make_generator(params.seed)
         rng = TorchRandom(generator)
         stats = GenerationStats(self.method, lossy=self.typical_acceptance and not params.greedy)
-        controller = self.new_controller()
+        controller = self.controller_for(params)
         text = TextStream(self.tokenizer, params.stop)
         t_start = time.perf_counter()
         target, proposer = self.target, self.proposer

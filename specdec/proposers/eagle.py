@@ -123,8 +123,8 @@ class EagleProposer:
         next_tokens = torch.tensor(context[start + 1:start + m + 1])
         out = self.head(feats[None], self.embed(next_tokens)[None], torch.arange(start, start + m), self.cache)
         self.committed += m
-        # 2. grow the tree level by level
-        shape = self.tree
+        # 2. grow the tree level by level (no deeper or wider than the node budget needs)
+        shape = TreeShape(min(self.tree.top_k, k), min(self.tree.depth, k), min(self.tree.expand, k), k)
         tokens: list[int] = []
         parents: list[int] = []
         scores: list[float] = []
