@@ -91,7 +91,22 @@ def test_speculative_sampling_matches_target_distribution(dirs, method, params_k
     assert p > 1e-3, p
 
 
-def test_a_wrong_verifier_fails_the_same_test(dirs, monkeypatch):
+@pytest.fixture(scope="module")
+def sharp_dirs(tmp_path_factory):
+    """Peaked target and an unrelated draft: many rejections, so a verifier bug shows."""
+    kw = dict(vocab_size=V, tokenizer="char", hidden_size=16, layers=1, heads=2, kv_heads=1, max_pos=32)
+    return (make_model_dir(tmp_path_factory.mktemp("st"), seed=1, scale=1.5, **kw),
+            make_model_dir(tmp_path_factory.mktemp("sd"), seed=2, scale=1.5, **kw))
+
+
+def test_the_correct_verifier_passes_with_many_rejections(sharp_dirs):
+    target, draft = sharp_dirs
+    decoder = specdec.load(target=target, draft=draft, method="draft", draft_tokens=2)
+    counts = sample_counts(decoder, dict(temperature=1.0), N_SAMPLES)
+    assert chi_square_p(counts, exact_joint(target, SamplingParams(temperature=1.0))) > 1e-3
+
+
+def test_a_wrong_verifier_fails_the_same_test(sharp_dirs, monkeypatch):
     def wrong_verifier(drafts, draft_probs, target_probs, rng):  # forgets to divide by q
         for i, x in enumerate(drafts):
             if not rng.coin(float(target_probs[i, x])):
@@ -99,7 +114,7 @@ def test_a_wrong_verifier_fails_the_same_test(dirs, monkeypatch):
         return ChainVerdict(len(drafts), rng.categorical(target_probs[len(drafts)]))
 
     monkeypatch.setattr(specdec.engine, "verify_rejection", wrong_verifier)
-    target, draft = dirs
+    target, draft = sharp_dirs
     decoder = specdec.load(target=target, draft=draft, method="draft", draft_tokens=2)
     counts = sample_counts(decoder, dict(temperature=1.0), N_SAMPLES)
     assert chi_square_p(counts, exact_joint(target, SamplingParams(temperature=1.0))) < 1e-3
