@@ -188,7 +188,7 @@ class Engine:
         elif self.typical_acceptance:
             verdict = verify_tree_typical(drafts, parents, target_probs, rng)
         else:
-            verdict = verify_tree_sampling(drafts, parents, target_probs, rng)
+            verdict = verify_tree_sampling(drafts, parents, target_probs, rng, proposal.draft_probs, proposal.draws)
         kept = [0] + [1 + i for i in verdict.path]
         self.target.keep(start, kept)
         return StepOutcome([drafts[i] for i in verdict.path] + [verdict.next_token], len(verdict.path), kept, seconds)

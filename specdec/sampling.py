@@ -83,6 +83,17 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
+def draw_distinct(probs: torch.Tensor, n: int, generator: torch.Generator | None) -> list[list[int]]:
+    """Per row of probs [R, V], n distinct tokens drawn without replacement, in draw order.
+    Gumbel top-k: sorting log p + Gumbel noise gives exactly a sequential draw without
+    replacement. Rows run short when fewer than n tokens have mass."""
+    u = torch.rand(probs.shape, generator=generator, dtype=torch.float64).clamp_min(1e-300)
+    keys = probs.to(torch.float64).log() - (-u.log()).log()
+    top = keys.topk(min(n, probs.shape[-1]), dim=-1)
+    return [[t for t, k in zip(tokens, ks) if k != float("-inf")]
+            for tokens, ks in zip(top.indices.tolist(), top.values.tolist())]
+
+
 def make_generator(seed: int | None) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))

@@ -126,30 +126,61 @@ def verify_tree_greedy(tokens: list[int], parents: list[int], target_probs: torc
 
 
 def verify_tree_sampling(tokens: list[int], parents: list[int], target_probs: torch.Tensor,
-                         rng: RandomSource) -> TreeVerdict:
-    """Lossless for deterministic candidates: at a node, try its children in order; child c is
-    accepted with probability r(c), r starting as the target's distribution there; a rejected
-    child gets r(c) = 0 and r is renormalised; if none is accepted, sample from r."""
+                         rng: RandomSource, draft_probs: torch.Tensor | None = None,
+                         draws: list[list[int]] | None = None) -> TreeVerdict:
+    """Lossless tree walk (recursive rejection sampling, as in SpecInfer and EAGLE). At a node,
+    with r the target's distribution there, try candidate tokens in order:
+
+    - deterministic candidates (draft_probs None): the node's children in index order; x is
+      accepted with probability r(x), else r(x) = 0 and r is renormalised;
+    - sampled candidates: row v+1 of draft_probs is the distribution q the children of node v
+      (row 0: of the root) were drawn from without replacement, in the order draws[v+1]; that
+      order may hold drawn tokens left out of the tree. x is accepted with probability
+      min(1, r(x)/q(x)), else r = normalize(max(0, r - q)) and q loses x (renormalised).
+
+    An accepted child is walked into; an accepted token outside the tree ends the step as the
+    target's token. When every candidate is rejected, the target's token is sampled from r."""
     children = tree_children(parents)
     path, node = [], -1
     while True:
-        r = target_probs[node + 1].clone()
-        accepted = None
-        for c in children.get(node, []):
-            pc = float(r[tokens[c]])
-            if pc >= 1.0 or (pc > 0.0 and rng.coin(pc)):
-                accepted = c
-                break
-            r[tokens[c]] = 0.0
-            total = r.sum()
-            if total <= 0:  # rounding: all mass was on rejected candidates
-                r = target_probs[node + 1].clone()
-                break
-            r = r / total
-        if accepted is None:
+        kids = {tokens[c]: c for c in children.get(node, [])}
+        if draft_probs is None:
+            token, r = _try_candidates(target_probs[node + 1], list(kids), None, rng)
+        else:
+            token, r = _try_candidates(target_probs[node + 1], draws[node + 1], draft_probs[node + 1], rng)
+        if token is None:
             return TreeVerdict(path, rng.categorical(r))
-        path.append(accepted)
-        node = accepted
+        if token not in kids:
+            return TreeVerdict(path, token)
+        path.append(kids[token])
+        node = kids[token]
+
+
+def _try_candidates(target_row: torch.Tensor, candidates: list[int], draft_row: torch.Tensor | None,
+                    rng: RandomSource) -> tuple[int | None, torch.Tensor]:
+    """(accepted token or None, the distribution left to sample from)."""
+    r = target_row
+    q = draft_row
+    for x in candidates:
+        px = float(r[x])
+        qx = float(q[x]) if q is not None else 1.0
+        if qx <= 0.0:  # could not have been drawn (rounding guard)
+            continue
+        if px >= qx or (px > 0.0 and rng.coin(px / qx)):
+            return x, r
+        if q is None:
+            r = r.clone()
+            r[x] = 0.0
+        else:
+            r = (r - q).clamp_min(0.0)
+            q = q.clone()
+            q[x] = 0.0
+            q = q / q.sum() if q.sum() > 0 else q
+        total = r.sum()
+        if total <= 0:  # rounding: all mass was on rejected candidates
+            return None, target_row
+        r = r / total
+    return None, r
 
 
 def verify_tree_typical(tokens: list[int], parents: list[int], target_probs: torch.Tensor,

@@ -1,11 +1,14 @@
 """Medusa and EAGLE through the real engine: greedy identity and chi-square on tiny random
 models with random heads."""
 import pytest
+import torch
 
 import specdec
+import specdec.engine
+from specdec.verify import verify_tree_sampling
 
 from helpers import make_eagle_dir, make_medusa_dir, make_model_dir
-from test_end_to_end_stats import N_SAMPLES, V, chi_square_p, exact_joint, sample_counts
+from test_end_to_end_stats import N_SAMPLES, NEW, PROMPT, V, chi_square_p, exact_joint, sample_counts
 from specdec.sampling import SamplingParams
 
 
@@ -50,14 +53,32 @@ CASES = [("medusa", dict(temperature=1.0)), ("medusa", dict(temperature=0.7, top
          ("eagle", dict(temperature=1.0)), ("eagle", dict(temperature=0.7, top_p=0.9))]
 
 
+FIXED_NODES = {"medusa": 12, "eagle": 8}  # every step verifies a full tree
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method,params_kw", CASES, ids=[f"{m}-{p}" for m, p in CASES])
 def test_tree_sampling_matches_target_distribution(dirs, method, params_kw):
     target, heads = dirs
-    decoder = specdec.load(target=target, draft=heads[method], method=method)
+    decoder = specdec.load(target=target, draft=heads[method], method=method, draft_tokens=FIXED_NODES[method])
     counts = sample_counts(decoder, params_kw, N_SAMPLES)
     p = chi_square_p(counts, exact_joint(target, SamplingParams(**params_kw)))
     assert p > 1e-3, p
+    assert decoder.generate(PROMPT, max_new_tokens=NEW, seed=0, **params_kw).stats.drafted_tokens > 0
+
+
+def test_a_tree_verifier_told_the_wrong_draft_distribution_fails(dirs, monkeypatch):
+    """Power check: the same test catches a verifier that uses a q other than the one the
+    tree's tokens were drawn from."""
+    def wrong_q(tokens, parents, target_probs, rng, draft_probs=None, draws=None):
+        return verify_tree_sampling(tokens, parents, target_probs, rng, torch.full_like(draft_probs, 1 / V), draws)
+
+    monkeypatch.setattr(specdec.engine, "verify_tree_sampling", wrong_q)
+    target, heads = dirs
+    decoder = specdec.load(target=target, draft=heads["eagle"], method="eagle", draft_tokens=FIXED_NODES["eagle"])
+    counts = sample_counts(decoder, dict(temperature=1.0), N_SAMPLES // 4)
+    p = chi_square_p(counts, exact_joint(target, SamplingParams(temperature=1.0)))
+    assert p < 1e-3, p
 
 
 def test_typical_acceptance_is_opt_in_and_labelled_lossy(text_dirs):

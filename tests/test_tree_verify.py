@@ -47,6 +47,36 @@ def node_prefix(i, tokens, parents):
     return tuple(reversed(out))
 
 
+def completions(target, ctx, emitted: dict, depth: int) -> dict:
+    """Distribution of the first `depth` tokens: emitted prefixes completed by target sampling."""
+    out = {}
+    stack = list(emitted.items())
+    while stack:
+        seq, pr = stack.pop()
+        if len(seq) >= depth:
+            out[seq[:depth]] = out.get(seq[:depth], 0.0) + pr
+            continue
+        for t, pt in enumerate(target(ctx + seq).tolist()):
+            if pt > 0:
+                stack.append((seq + (t,), pr * pt))
+    return out
+
+
+def assert_matches_target(target, ctx, emitted: dict, depth: int) -> None:
+    got = completions(target, ctx, emitted, depth)
+    want = completions(target, ctx, {(): 1.0}, depth)
+    keys = set(got) | set(want)
+    assert max(abs(got.get(k, 0) - want.get(k, 0)) for k in keys) < 1e-9
+    first = {}
+    for seq, pr in got.items():
+        first[seq[0]] = first.get(seq[0], 0) + pr
+    assert all(abs(first.get(t, 0) - float(target(ctx)[t])) < 1e-9 for t in range(V))
+
+
+def emitted_tokens(tokens, verdict):
+    return tuple(tokens[i] for i in verdict.path) + (verdict.next_token,)
+
+
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("sparse", [False, True])
 def test_tree_sampling_next_token_is_exact(seed, sparse):
@@ -57,37 +87,59 @@ def test_tree_sampling_next_token_is_exact(seed, sparse):
     ctx = (0,)
     rows = [target(ctx)] + [target(ctx + node_prefix(i, tokens, parents)) for i in range(len(tokens))]
     probs = torch.stack(rows)
-    outcomes = enumerate_outcomes(lambda rng: (lambda v: tuple(tokens[i] for i in v.path) + (v.next_token,))(
-        verify_tree_sampling(tokens, parents, probs, rng)))
-    depth = max(tree_depths(parents)) + 1
-    got = {}
-    for emitted, prob in outcomes.items():
-        # complete to `depth` tokens with plain target sampling
-        stack = [(emitted, prob)]
-        while stack:
-            seq, pr = stack.pop()
-            if len(seq) == depth:
-                got[seq] = got.get(seq, 0.0) + pr
-                continue
-            for t, pt in enumerate(target(ctx + seq).tolist()):
-                if pt > 0:
-                    stack.append((seq + (t,), pr * pt))
-    want = {}
-    stack = [((), 1.0)]
-    while stack:
-        seq, pr = stack.pop()
-        if len(seq) == depth:
-            want[seq] = pr
-            continue
-        for t, pt in enumerate(target(ctx + seq).tolist()):
-            if pt > 0:
-                stack.append((seq + (t,), pr * pt))
-    keys = set(got) | set(want)
-    assert max(abs(got.get(k, 0) - want.get(k, 0)) for k in keys) < 1e-9
-    first = {}
-    for seq, pr in got.items():
-        first[seq[0]] = first.get(seq[0], 0) + pr
-    assert all(abs(first.get(t, 0) - float(target(ctx)[t])) < 1e-9 for t in range(V))
+    outcomes = enumerate_outcomes(lambda rng: emitted_tokens(tokens, verify_tree_sampling(tokens, parents, probs, rng)))
+    assert_matches_target(target, ctx, outcomes, max(tree_depths(parents)) + 1)
+
+
+def sampled_tree_step(rng, target, draft, ctx, seed, widths=(2, 2), claimed_draft=None):
+    """Draw a fixed number of children per expanded node from the draft without replacement
+    through `rng` (so enumeration covers the draws too), leave some drawn tokens out of the
+    tree, verify. claimed_draft: the q handed to the verifier, if not the true one."""
+    tokens, parents, q_rows, draws = [], [], {}, {}
+    frontier = [-1]
+    for width in widths:
+        new = []
+        for node in frontier[:2]:
+            prefix = ctx + node_prefix(node, tokens, parents)
+            q = draft(prefix)
+            left, seq = q.clone(), []
+            while len(seq) < width and left.sum() > 0:
+                x = rng.categorical(left / left.sum())
+                seq.append(x)
+                left[x] = 0.0
+            q_rows[node] = (claimed_draft or draft)(prefix)
+            draws[node] = seq
+            for x in seq:
+                if hash((seed, prefix, x)) % 4 != 0:  # some drawn tokens stay out of the tree
+                    tokens.append(x)
+                    parents.append(node)
+                    new.append(len(tokens) - 1)
+        frontier = new
+    target_probs = torch.stack([target(ctx)] + [target(ctx + node_prefix(i, tokens, parents))
+                                                for i in range(len(tokens))])
+    draft_probs = torch.stack([q_rows.get(i, torch.zeros(V, dtype=torch.float64)) for i in range(-1, len(tokens))])
+    draw_lists = [draws.get(i, []) for i in range(-1, len(tokens))]
+    return emitted_tokens(tokens, verify_tree_sampling(tokens, parents, target_probs, rng, draft_probs, draw_lists))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("sparse", [False, True])
+def test_sampled_tree_is_exact(seed, sparse):
+    """Children drawn from a draft distribution without replacement (some drawn tokens left out
+    of the tree): the emitted tokens follow the target exactly, over draws and verification."""
+    target, draft = LM(seed, sparse), LM(seed + 100, not sparse)
+    ctx = (0,)
+    outcomes = enumerate_outcomes(lambda rng: sampled_tree_step(rng, target, draft, ctx, seed))
+    assert_matches_target(target, ctx, outcomes, 3)
+
+
+def test_sampled_tree_with_the_wrong_draft_distribution_is_caught():
+    """The same check fails when the verifier is told a q other than the one drawn from."""
+    target, draft, other = LM(1), LM(2), LM(3)
+    ctx = (0,)
+    outcomes = enumerate_outcomes(lambda rng: sampled_tree_step(rng, target, draft, ctx, 1, claimed_draft=other))
+    with pytest.raises(AssertionError):
+        assert_matches_target(target, ctx, outcomes, 3)
 
 
 def test_tree_greedy_follows_argmax():

@@ -46,6 +46,28 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+class RopeTable:
+    """cos/sin rows looked up by position from a table grown on demand, so a decode step
+    indexes instead of computing. The table is float64-exact, rounded once to the model dtype."""
+
+    def __init__(self, inv_freq: torch.Tensor):
+        self.inv_freq = inv_freq  # float64, outside any module's buffers: .to(dtype) must not round it
+        self.cos: torch.Tensor | None = None
+        self.sin: torch.Tensor | None = None
+
+    def __call__(self, positions: torch.Tensor, dtype: torch.dtype,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        need = int(positions.max()) + 1
+        if self.cos is None or self.cos.shape[0] < need or self.cos.dtype != dtype or self.cos.device != device:
+            size = max(256, 1 << (need - 1).bit_length())
+            cos, sin = rope_cos_sin(torch.arange(size), self.inv_freq, dtype)
+            self.cos, self.sin = cos[0, 0].to(device), sin[0, 0].to(device)
+        cos, sin = self.cos[positions], self.sin[positions]
+        if cos.dim() == 2:
+            cos, sin = cos[None], sin[None]
+        return cos[:, None], sin[:, None]
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -135,9 +157,7 @@ class LlamaModel(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        # kept out of the module's buffers so .to(dtype) never rounds it
-        self.inv_freq = rope_inv_freq(config)
-        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.rope = RopeTable(rope_inv_freq(config))
         self.apply(self._init_weights)
         for layer in self.model.layers:  # GPT-2 style: residual projections scaled by depth
             for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
@@ -163,19 +183,6 @@ class LlamaModel(nn.Module):
         return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
                        max_len or c.max_position_embeddings, self.dtype, self.device, batch_size)
 
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for positions, from a table grown on demand (decode steps index, not compute)."""
-        need = int(positions.max()) + 1
-        table = self._rope_table
-        if table is None or table[0].shape[0] < need or table[0].dtype != self.dtype or table[0].device != self.device:
-            size = max(256, 1 << (need - 1).bit_length())
-            cos, sin = rope_cos_sin(torch.arange(size), self.inv_freq, self.dtype)
-            table = self._rope_table = (cos[0, 0].to(self.device), sin[0, 0].to(self.device))
-        cos, sin = table[0][positions], table[1][positions]
-        if cos.dim() == 2:
-            cos, sin = cos[None], sin[None]
-        return cos[:, None], sin[:, None]
-
     def hidden_states(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
                       cache: KVCache | None = None,
                       attn_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -183,7 +190,7 @@ class LlamaModel(nn.Module):
         past = cache.length if cache is not None else 0
         if positions is None:
             positions = torch.arange(past, past + T, device=ids.device)
-        cos, sin = self.rope(positions)
+        cos, sin = self.rope(positions, self.dtype, self.device)
         mask = None
         if attn_mask is not None:
             mask = torch.cat([torch.ones(T, past, dtype=torch.bool, device=ids.device),

@@ -15,11 +15,15 @@ from specdec.sampling import SamplingParams
 @dataclass
 class Proposal:
     tokens: list[int]
-    # [len(tokens), V] final draft distributions the tokens were sampled from; None = the
-    # tokens are a deterministic function of the context (prompt lookup, trees): a point mass
+    # Chain: [len(tokens), V] final draft distributions the tokens were sampled from. Tree:
+    # [len(tokens) + 1, V], row 0 for the root and row 1+i for node i: the distribution the
+    # node's children were drawn from. None = deterministic candidates (point masses).
     draft_probs: torch.Tensor | None = None
     # None = a chain; else a tree: parents[i] is the index of node i's parent, -1 = the root
     parents: list[int] | None = None
+    # sampled trees only, rows as draft_probs: every token drawn at that node, in draw order,
+    # including drawn tokens left out of the tree (all must be tried for exactness)
+    draws: list[list[int]] | None = None
 
 
 class Proposer(Protocol):

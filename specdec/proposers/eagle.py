@@ -17,9 +17,9 @@ from torch import nn
 
 from specdec.cache import KVCache
 from specdec.models.config import ModelConfig
-from specdec.models.llama import DecoderLayer, RMSNorm, rope_cos_sin, rope_inv_freq
+from specdec.models.llama import DecoderLayer, RMSNorm, RopeTable, rope_inv_freq
 from specdec.proposers.base import Proposal, read_head_config
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, draw_distinct, final_probs
 
 EAGLE_TYPE = "specdec-eagle"
 
@@ -32,7 +32,7 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * d, d)
         self.layer = DecoderLayer(config)
         self.norm = RMSNorm(d, config.rms_norm_eps)
-        self.inv_freq = rope_inv_freq(config)  # float64, outside the buffers: .to(dtype) must not round it
+        self.rope = RopeTable(rope_inv_freq(config))
 
     def new_cache(self, max_len: int) -> KVCache:
         c = self.config
@@ -44,7 +44,7 @@ class EagleHead(nn.Module):
         """features, next_embeds: [B, T, d]; mask: full bool [T, cache.length + T] or None
         (causal). Returns predicted next features [B, T, d]."""
         x = self.fc(torch.cat([features, next_embeds], dim=-1))
-        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        cos, sin = self.rope(positions, x.dtype, x.device)
         if mask is None and cache is not None and x.shape[1] > 1:
             past = cache.length
             mask = torch.ones(x.shape[1], past + x.shape[1], dtype=torch.bool).tril(past)
@@ -104,69 +104,93 @@ class EagleProposer:
     def accepted(self, num_drafted: int, num_accepted: int) -> None:
         pass
 
-    def _logprobs(self, feats: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.lm_head(feats).float(), -1)
-
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
-        if k <= 0:
+        if k <= 0 or not self.pending:
             return Proposal([])
-        # 1. bring the head's cache up to date: pair each new target feature with the next token
+        # bring the head's cache up to date: pair each new target feature with the next token
         self.cache.rollback(self.committed)
-        feats = torch.cat(self.pending) if self.pending else None
+        feats = torch.cat(self.pending)
         self.pending = []
-        if feats is None:
-            return Proposal([])
-        m = feats.shape[0]
-        start = self.committed
+        m, start = feats.shape[0], self.committed
         next_tokens = torch.tensor(context[start + 1:start + m + 1])
         out = self.head(feats[None], self.embed(next_tokens)[None], torch.arange(start, start + m), self.cache)
         self.committed += m
-        # 2. grow the tree level by level (no deeper or wider than the node budget needs)
-        shape = TreeShape(min(self.tree.top_k, k), min(self.tree.depth, k), min(self.tree.expand, k), k)
+        return self._grow_tree(out[0, -1], len(context) - 1, k, params, generator)
+
+    def _children(self, features: torch.Tensor, top_k: int, params: SamplingParams,
+                  generator: torch.Generator | None) -> tuple[list[list[int]], list[list[float]], torch.Tensor | None]:
+        """Per feature row: child tokens and their draft log-probabilities; greedy takes the
+        top k, sampling draws k without replacement from the final distribution q (returned)."""
+        logits = self.lm_head(features).float()
+        if params.greedy:
+            top = torch.log_softmax(logits, -1).topk(top_k, dim=-1)
+            return top.indices.tolist(), top.values.tolist(), None
+        q = final_probs(logits, params)
+        drawn = draw_distinct(q, top_k, generator)
+        logq = q.log()
+        return drawn, [logq[row, tokens].tolist() for row, tokens in enumerate(drawn)], q
+
+    def _grow_tree(self, root_feature: torch.Tensor, base: int, k: int, params: SamplingParams,
+                   generator: torch.Generator | None) -> Proposal:
+        """EAGLE-2 expansion from the predicted feature of the pending token (position `base`).
+
+        Scores only fall along a path, so a node scoring no better than the k-th best node so
+        far can never bring a descendant into the kept set: such nodes are not expanded, and
+        the growth stops early once no frontier node can (same result, fewer head passes).
+        When sampling, every expanded node keeps its q and all its draws for the verifier."""
+        top_k, expand, depth_limit = min(self.tree.top_k, k), min(self.tree.expand, k), min(self.tree.depth, k)
         tokens: list[int] = []
         parents: list[int] = []
         scores: list[float] = []
-        entry: dict[int, int] = {}  # node -> its row in the head cache (when expanded)
-        top = self._logprobs(out[0, -1]).topk(shape.top_k)
-        for lp, tok in zip(top.values.tolist(), top.indices.tolist()):
-            tokens.append(tok), parents.append(-1), scores.append(lp)
-        frontier = list(range(len(tokens)))
-        parent_feat = {i: out[0, -1] for i in frontier}
-        base = len(context) - 1  # position of the pending token
-        for depth in range(1, shape.depth):
-            frontier = sorted(frontier, key=lambda i: -scores[i])[:shape.expand]
-            if not frontier:
+        node_q: dict[int, torch.Tensor] = {}  # expanded node (-1: root) -> its q (sampling)
+        node_draws: dict[int, list[int]] = {}
+        frontier = [-1]  # nodes whose children the rows of `features` predict (-1: the root)
+        cache_rows: dict[int, list[int]] = {-1: []}  # expanded node -> head-cache rows of its path
+        features = root_feature[None]
+        for depth in range(depth_limit):
+            drawn, logps, q = self._children(features, top_k, params, generator)
+            children: list[tuple[int, int]] = []  # (node, row of its parent's feature)
+            for row, parent in enumerate(frontier):
+                parent_score = scores[parent] if parent >= 0 else 0.0
+                if q is not None:
+                    node_q[parent], node_draws[parent] = q[row], drawn[row]
+                for tok, lp in zip(drawn[row], logps[row]):
+                    children.append((len(tokens), row))
+                    tokens.append(tok), parents.append(parent), scores.append(parent_score + lp)
+            if depth + 1 == depth_limit:
                 break
-            mask = torch.zeros(len(frontier), self.cache.length + len(frontier), dtype=torch.bool)
+            kth_best = sorted(scores, reverse=True)[k - 1] if len(scores) >= k else float("-inf")
+            children = sorted(children, key=lambda c: -scores[c[0]])[:expand]
+            children = [c for c in children if scores[c[0]] > kth_best]
+            if not children:
+                break
+            length, n = self.cache.length, len(children)
+            mask = torch.zeros(n, length + n, dtype=torch.bool)
             mask[:, :self.committed] = True
-            for row, i in enumerate(frontier):
-                mask[row, self.cache.length + row] = True
-                a = parents[i]
-                while a >= 0:
-                    mask[row, entry[a]] = True
-                    a = parents[a]
-            for row, i in enumerate(frontier):
-                entry[i] = self.cache.length + row
-            x_feat = torch.stack([parent_feat[i] for i in frontier])[None]
-            x_tok = self.embed(torch.tensor([tokens[i] for i in frontier]))[None]
-            pos = torch.full((len(frontier),), base + depth - 1)
-            pred = self.head(x_feat, x_tok, pos, self.cache, mask)[0]
-            logp = self._logprobs(pred)
-            new_frontier = []
-            for row, i in enumerate(frontier):
-                top = logp[row].topk(shape.top_k)
-                for lp, tok in zip(top.values.tolist(), top.indices.tolist()):
-                    tokens.append(tok), parents.append(i), scores.append(scores[i] + lp)
-                    parent_feat[len(tokens) - 1] = pred[row]
-                    new_frontier.append(len(tokens) - 1)
-            frontier = new_frontier
-        # 3. keep the best k nodes (ancestor-closed: scores only fall along a path)
+            mask_rows, mask_cols = [], []
+            for row, (node, _) in enumerate(children):
+                path = cache_rows[node] = cache_rows[parents[node]] + [length + row]
+                mask_rows += [row] * len(path)
+                mask_cols += path
+            mask[mask_rows, mask_cols] = True
+            x_feat = features[[row for _, row in children]][None]
+            x_tok = self.embed(torch.tensor([tokens[node] for node, _ in children]))[None]
+            features = self.head(x_feat, x_tok, torch.full((n,), base + depth), self.cache, mask)[0]
+            frontier = [node for node, _ in children]
+        # keep the best k nodes (ancestor-closed: a child never outranks its parent)
         keep = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:k]
         keep_set = set(keep)
-        keep = [i for i in range(len(tokens)) if i in keep_set and
-                (parents[i] < 0 or parents[i] in keep_set)]
+        keep = [i for i in range(len(tokens)) if i in keep_set and (parents[i] < 0 or parents[i] in keep_set)]
         new_index = {old: new for new, old in enumerate(keep)}
-        return Proposal([tokens[i] for i in keep], None,
-                        [new_index[parents[i]] if parents[i] >= 0 else -1 for i in keep])
+        kept_parents = [new_index[parents[i]] if parents[i] >= 0 else -1 for i in keep]
+        if not node_q:
+            return Proposal([tokens[i] for i in keep], None, kept_parents)
+        rows = [-1] + keep  # the root, then the kept nodes
+        draft_probs = torch.zeros(len(rows), node_q[-1].shape[-1])
+        for row, node in enumerate(rows):
+            if node in node_q:
+                draft_probs[row] = node_q[node]
+        return Proposal([tokens[i] for i in keep], draft_probs, kept_parents,
+                        [node_draws.get(node, []) for node in rows])

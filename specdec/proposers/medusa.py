@@ -13,7 +13,7 @@ from torch import nn
 from specdec.errors import SpecdecError
 from specdec.proposers.base import Proposal, read_head_config
 from specdec.proposers.trees import tree_from_choices
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, draw_distinct, final_probs
 
 MEDUSA_TYPE = "specdec-medusa"
 
@@ -84,14 +84,32 @@ class MedusaProposer:
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
+        """Greedy: the heads' top candidates. Sampling: each depth's candidates are drawn
+        without replacement from that head's final distribution (all nodes of a depth share
+        them), which the verifier uses to accept with min(1, p/q)."""
         if self.last_hidden is None or k <= 0:
             return Proposal([])
         choices = self.choices[:k]
         depth = max(len(c) for c in choices)
         logits = self.lm_head(self.heads(self.last_hidden)[:depth])  # [depth, V]
-        candidates = [logits[d].topk(self.max_rank[d]).indices.tolist() for d in range(depth)]
+        ranks = self.max_rank[:depth]
+        if params.greedy:
+            candidates = [logits[d].topk(ranks[d]).indices.tolist() for d in range(depth)]
+            tokens, parents = tree_from_choices(choices, candidates)
+            return Proposal(tokens, None, parents)
+        q = final_probs(logits, params)
+        drawn = draw_distinct(q, max(ranks), generator)
+        candidates = [drawn[d][:ranks[d]] for d in range(depth)]
         tokens, parents = tree_from_choices(choices, candidates)
-        return Proposal(tokens, None, parents)
+        draft_probs = torch.zeros(len(tokens) + 1, q.shape[-1], dtype=q.dtype)
+        draws: list[list[int]] = [[] for _ in range(len(tokens) + 1)]
+        node_depth = [0]  # by row: the root, then each node
+        for p in parents:
+            node_depth.append(node_depth[p + 1] + 1)
+        for row in {p + 1 for p in parents}:  # nodes with children draw them from q[depth]
+            draft_probs[row] = q[node_depth[row]]
+            draws[row] = candidates[node_depth[row]]
+        return Proposal(tokens, draft_probs, parents, draws)
 
     def accepted(self, num_drafted: int, num_accepted: int) -> None:
         pass

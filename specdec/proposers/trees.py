@@ -30,10 +30,13 @@ def build_tree(rank_accuracy: list[list[float]], num_nodes: int) -> list[tuple[i
 
 
 def tree_from_choices(choices: list[tuple[int, ...]], candidates: list[list[int]]) -> tuple[list[int], list[int]]:
-    """Tokens and parent indices for choices, given ranked candidate tokens per depth."""
+    """Tokens and parent indices for choices, given ranked candidate tokens per depth. Choices
+    ranked past the candidates there are (and their descendants) are left out."""
     index: dict[tuple[int, ...], int] = {}
     tokens, parents = [], []
     for choice in choices:
+        if choice[-1] >= len(candidates[len(choice) - 1]) or (len(choice) > 1 and choice[:-1] not in index):
+            continue
         index[choice] = len(tokens)
         tokens.append(candidates[len(choice) - 1][choice[-1]])
         parents.append(index[choice[:-1]] if len(choice) > 1 else -1)
