@@ -56,15 +56,19 @@ def certify(decoder_spec, decoder_plain, prompt: str, samples: int, tokens: int,
         prompts = [prompt] + [p.text for p in build_suite(7)][:max(0, min(samples, 20) - 1)]
         return greedy_identity(decoder_spec, decoder_plain, prompts, tokens)
     spec, plain = Counter(), Counter()
+    drafted = accepted = 0
     for i in range(samples):
-        spec[tuple(decoder_spec.generate(prompt, max_new_tokens=tokens, seed=i, **sampling).token_ids)] += 1
+        result = decoder_spec.generate(prompt, max_new_tokens=tokens, seed=i, **sampling)
+        spec[tuple(result.token_ids)] += 1
+        drafted += result.stats.drafted_tokens
+        accepted += result.stats.accepted_tokens
         plain[tuple(decoder_plain.generate(prompt, max_new_tokens=tokens, seed=samples + i,
                                            **sampling).token_ids)] += 1
     p = homogeneity_p_value(spec, plain)
     verdict = ("consistent with lossless: no difference detected" if p > 0.01
                else "DIFFERENT: the method's samples do not follow the target's distribution")
     return {"test": "chi-square homogeneity", "p_value": p, "distinct_outcomes": len(set(spec) | set(plain)),
-            "verdict": verdict}
+            "drafted_tokens": drafted, "accepted_tokens": accepted, "verdict": verdict}
 
 
 def cmd_verify(args) -> int:
@@ -73,7 +77,11 @@ def cmd_verify(args) -> int:
     import specdec
 
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
-    spec = specdec.load(target=args.target, draft=args.draft, method=args.method, dtype=args.dtype)
+    if args.draft_tokens < 1:
+        raise SpecdecError(f"--draft-tokens must be >= 1, got {args.draft_tokens}")
+    # a fixed K: every step speculates, so the verifier is exercised on every sample
+    spec = specdec.load(target=args.target, draft=args.draft, method=args.method, dtype=args.dtype,
+                        draft_tokens=args.draft_tokens)
     if args.temperature == 0.0 and args.tokens == 2:
         args.tokens = 64
     plain = specdec.load(target=args.target, method="none", dtype=args.dtype)
@@ -102,6 +110,8 @@ def add_parser(sub) -> None:
     v.add_argument("--min-p", type=float, default=0.0)
     v.add_argument("--samples", type=int, default=2000)
     v.add_argument("--tokens", type=int, default=2)
+    v.add_argument("--draft-tokens", type=int, default=4,
+                   help="drafted tokens (tree nodes for medusa/eagle) every step (default 4)")
     v.add_argument("--dtype", default="float32")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_verify)

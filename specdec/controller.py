@@ -16,7 +16,8 @@ class DraftLengthController:
     prior_acceptance: float = 0.6
     prior_weight: float = 2.0
     decay: float = 0.9  # forgetting per observation: acceptance drifts with the text
-    probe_every: int = 20  # when plain steps win, still draft this often to track acceptance
+    probe_every: int = 20  # when plain steps win, still draft now and then to track acceptance;
+    max_probe_every: int = 160  # the gap doubles while plain keeps winning
     probe_k: int = 2
     time_decay: float = 0.8
     accepted_count: float = 0.0
@@ -25,6 +26,7 @@ class DraftLengthController:
     draft_seconds_per_token: float | None = None
     overhead_seconds: dict[bool, float] = field(default_factory=dict)  # keyed by K > 0
     plain_streak: int = 0
+    probe_gap: int = 0  # current gap between probes (0: not yet set)
 
     @property
     def acceptance(self) -> float:
@@ -73,13 +75,15 @@ class DraftLengthController:
         if not self.target_seconds or self.draft_seconds_per_token is None:
             return min(upper, 4)  # first step: measure a speculative step
         best = max(range(upper + 1), key=lambda k: self.expected_tokens(k) / self.step_cost(k))
-        if best == 0:
-            self.plain_streak += 1
-            if self.plain_streak % self.probe_every == 0:
-                return min(self.probe_k, upper)
-        else:
+        if best > 0:
+            self.plain_streak, self.probe_gap = 0, self.probe_every
+            return best
+        self.plain_streak += 1
+        if self.plain_streak >= (self.probe_gap or self.probe_every):
             self.plain_streak = 0
-        return best
+            self.probe_gap = min(2 * (self.probe_gap or self.probe_every), self.max_probe_every)
+            return min(self.probe_k, upper)
+        return 0
 
     def observe(self, chosen: int, k: int, num_accepted: int, target_seconds: float,
                 draft_seconds: float, overhead_seconds: float) -> None:
@@ -98,38 +102,54 @@ class DraftLengthController:
 @dataclass
 class TreeSizeController:
     """For tree drafters: pick among a few tree sizes (0 = plain step) by measured tokens per
-    second, trying each once and re-probing the others now and then."""
+    second. Sizes are tried upwards, a few steps each (acceptance is noisy), until one does
+    far worse than plain steps; then the best is used and a neighbour of it re-measured now
+    and then, less often while the best holds."""
 
     sizes: list[int]
     fixed_size: int | None = None
-    probe_every: int = 24
-    decay: float = 0.8
-    tokens_per_step: dict[int, float] = field(default_factory=dict)
-    seconds_per_step: dict[int, float] = field(default_factory=dict)
-    steps: int = 0
+    min_samples: int = 3  # steps per size before judging it
+    give_up_ratio: float = 0.6  # stop trying larger trees below this share of plain's rate
+    probe_every: int = 16  # steps between probes of a neighbour of the best; the gap
+    max_probe_every: int = 128  # doubles while the best stays the same
+    decay: float = 0.9  # forgetting per observation of a size: acceptance drifts with the text
+    tokens: dict[int, float] = field(default_factory=dict)  # decayed sums by size
+    seconds: dict[int, float] = field(default_factory=dict)
+    samples: dict[int, int] = field(default_factory=dict)  # steps measured by size
+    best: int | None = None
+    probe_gap: int = 0
+    since_probe: int = 0
+    probes: int = 0
+
+    def rate(self, size: int) -> float:
+        return self.tokens[size] / self.seconds[size] if self.seconds.get(size) else 0.0
 
     def choose(self, limit: int) -> int:
         if self.fixed_size is not None:
             return self.fixed_size if self.fixed_size <= limit else 0
-        allowed = [s for s in sorted(set(self.sizes) | {0}, reverse=True) if s <= limit]
-        self.steps += 1
-        untried = [s for s in allowed if s not in self.tokens_per_step]
-        if untried:
-            return untried[0]
-        rate = {s: self.tokens_per_step[s] / self.seconds_per_step[s] for s in allowed}
-        best = max(allowed, key=rate.__getitem__)
-        if self.steps % self.probe_every == 0:  # re-measure a neighbouring size
-            ordered = sorted(allowed)
-            i = ordered.index(best)
-            neighbours = ordered[max(0, i - 1):i] + ordered[i + 1:i + 2]
+        allowed = sorted(s for s in set(self.sizes) | {0} if s <= limit)
+        for size in allowed:
+            if self.samples.get(size, 0) < self.min_samples:
+                return size
+            if size > 0 and self.rate(size) < self.give_up_ratio * self.rate(0):
+                break
+        best = max((s for s in allowed if s in self.samples), key=self.rate)
+        if best != self.best:
+            self.best, self.probe_gap, self.since_probe = best, self.probe_every, 0
+        self.since_probe += 1
+        if self.since_probe >= self.probe_gap:
+            self.since_probe = 0
+            self.probe_gap = min(2 * self.probe_gap, self.max_probe_every)
+            i = allowed.index(best)
+            neighbours = allowed[max(0, i - 1):i] + allowed[i + 1:i + 2]
             if neighbours:
-                return neighbours[(self.steps // self.probe_every) % len(neighbours)]
+                self.probes += 1
+                return neighbours[self.probes % len(neighbours)]
         return best
 
     def observe(self, chosen: int, k: int, num_accepted: int, target_seconds: float,
                 draft_seconds: float, overhead_seconds: float) -> None:
-        k = chosen
-        seconds = target_seconds + draft_seconds + overhead_seconds
-        for table, value in ((self.tokens_per_step, num_accepted + 1.0), (self.seconds_per_step, seconds)):
-            old = table.get(k)
-            table[k] = value if old is None else self.decay * old + (1 - self.decay) * value
+        self.samples[chosen] = self.samples.get(chosen, 0) + 1
+        for table, value in ((self.tokens, num_accepted + 1.0),
+                             (self.seconds, target_seconds + draft_seconds + overhead_seconds)):
+            table[chosen] = self.decay * table.get(chosen, 0.0) + value

@@ -83,15 +83,26 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
-def draw_distinct(probs: torch.Tensor, n: int, generator: torch.Generator | None) -> list[list[int]]:
-    """Per row of probs [R, V], n distinct tokens drawn without replacement, in draw order.
-    Gumbel top-k: sorting log p + Gumbel noise gives exactly a sequential draw without
+def draw_distinct(probs: torch.Tensor, n: int, generator: torch.Generator | None,
+                  support: int = 64) -> tuple[list[list[int]], torch.Tensor]:
+    """Per row of probs [R, V], n distinct tokens drawn without replacement, in draw order, and
+    the distribution they were drawn from: each row restricted to its `support` most probable
+    tokens and renormalised (the verifier must be given this one), so that a draw costs
+    random numbers for `support` tokens, not V. An exponential race: token i arrives at
+    E_i / p_i with E_i ~ Exp(1), and the arrival order is a sequential draw without
     replacement. Rows run short when fewer than n tokens have mass."""
-    u = torch.rand(probs.shape, generator=generator, dtype=torch.float64).clamp_min(1e-300)
-    keys = probs.to(torch.float64).log() - (-u.log()).log()
-    top = keys.topk(min(n, probs.shape[-1]), dim=-1)
-    return [[t for t, k in zip(tokens, ks) if k != float("-inf")]
-            for tokens, ks in zip(top.indices.tolist(), top.values.tolist())]
+    if support < probs.shape[-1]:
+        top = probs.topk(support, dim=-1)
+        compact, index = top.values / top.values.sum(-1, keepdim=True), top.indices
+        drawn_from = torch.zeros_like(probs).scatter_(-1, index, compact)
+    else:
+        compact, index, drawn_from = probs, None, probs
+    uniform = torch.rand(compact.shape, generator=generator, dtype=compact.dtype, device=compact.device)
+    arrival_rate = compact / -uniform.clamp_min(torch.finfo(compact.dtype).tiny).log()  # p / Exp(1)
+    order = arrival_rate.topk(min(n, compact.shape[-1]), dim=-1)
+    tokens = order.indices if index is None else index.gather(-1, order.indices)
+    return [[t for t, rate in zip(row_tokens, rates) if rate > 0]
+            for row_tokens, rates in zip(tokens.tolist(), order.values.tolist())], drawn_from
 
 
 def make_generator(seed: int | None) -> torch.Generator:

@@ -31,30 +31,42 @@ class TextTokenizer:
 
 
 class TextStream:
-    """Turns a growing list of token ids into text deltas, applying stop strings."""
+    """Turns a growing list of token ids into text deltas, applying stop strings.
+
+    Decoding is incremental (as in vLLM and TGI): only a short window of ids is decoded per
+    step, from `prefix` (a few ids of context, so decoders that treat a leading token
+    specially give the same text as a full decode) to the end; text is taken once it no
+    longer ends in an incomplete UTF-8 character."""
 
     def __init__(self, tokenizer: TextTokenizer, stop: tuple[str, ...] = ()):
         self.tokenizer = tokenizer
         self.stop = stop
         self.ids: list[int] = []
+        self.text = ""  # decoded text of ids[:read]
+        self.prefix = 0
+        self.read = 0
         self.emitted = ""
         self.stopped = False
 
-    def _full_text(self) -> str:
-        return self.tokenizer.decode(self.ids)
+    def _pending_text(self) -> str:
+        """Text of ids[read:], decoded in context (may end in an incomplete character)."""
+        done = self.tokenizer.decode(self.ids[self.prefix:self.read])
+        return self.tokenizer.decode(self.ids[self.prefix:])[len(done):]
 
     def push(self, new_ids: list[int]) -> str:
         """Add tokens; return the newly releasable text (may be empty)."""
         self.ids.extend(new_ids)
-        text = self._full_text()
+        pending = self._pending_text()
+        if pending and not pending.endswith("\ufffd"):
+            self.text += pending
+            self.prefix, self.read = self.read, len(self.ids)
+        text = self.text
         for s in self.stop:
             at = text.find(s, max(0, len(self.emitted) - len(s)))
             if at != -1:
                 self.stopped = True
                 text = text[:at]
         if not self.stopped:
-            if text.endswith("\ufffd"):  # an incomplete multi-byte character
-                text = text.rstrip("\ufffd")
             text = text[:len(text) - self._held_back(text)]
         delta = text[len(self.emitted):] if len(text) > len(self.emitted) else ""
         self.emitted += delta
@@ -74,7 +86,7 @@ class TextStream:
         """Release whatever is held back once generation ends."""
         if self.stopped:
             return ""
-        text = self._full_text()
+        text = self.text + self._pending_text()
         delta = text[len(self.emitted):]
         self.emitted += delta
         return delta

@@ -20,6 +20,7 @@ def run_verify(tmp_path, capsys, draft_seed: int, draft_scale: float) -> tuple[i
 def test_verify_command_passes_a_lossless_method(tmp_path, capsys):
     code, report = run_verify(tmp_path, capsys, draft_seed=1, draft_scale=2.0)
     assert code == 0 and report["p_value"] > 0.001 and "consistent" in report["verdict"]
+    assert report["drafted_tokens"] > 0 and report["accepted_tokens"] > 0
 
 
 def test_verify_command_catches_a_lossy_verifier(tmp_path, capsys, monkeypatch):

@@ -54,5 +54,21 @@ def test_tree_controller_prefers_faster_option():
         k = c.choose(100)
         c.observe(k, k, tokens[k] - 1, seconds[k], 0.0, 0.0)
         picks.append(k)
-    assert picks[:3] == [16, 4, 0]  # tries every size once
+    assert picks[:6] == [0, 0, 0, 4, 4, 4]  # tries sizes upwards, a few steps each
     assert sum(p == 4 for p in picks[3:]) / len(picks[3:]) > 0.85
+
+
+def test_tree_controller_stays_plain_when_trees_lose():
+    """High temperature: every tree costs more than it yields. Larger trees are not even tried
+    at first, and probes of the smallest one thin out, so nearly every step is plain."""
+    c = TreeSizeController(sizes=[4, 8, 16, 32])
+    tokens = {0: 1.0, 4: 1.2, 8: 1.3, 16: 1.4, 32: 1.5}
+    seconds = {0: 1.0, 4: 2.2, 8: 2.5, 16: 3.0, 32: 3.5}
+    picks = []
+    for _ in range(400):
+        k = c.choose(100)
+        c.observe(k, k, tokens[k] - 1, seconds[k], 0.0, 0.0)
+        picks.append(k)
+    assert picks[:6] == [0, 0, 0, 4, 4, 4]
+    assert 32 not in picks and 16 not in picks
+    assert sum(p == 0 for p in picks[100:]) / 300 > 0.97

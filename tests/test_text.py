@@ -38,3 +38,27 @@ def test_stop_string_truncates_and_never_leaks(tokenizer):
 def test_indentation_round_trips(tokenizer):
     code = "class A:\n\tdef f(self):\n        if x:\n            return  1\n\n\n"
     assert tokenizer.decode(tokenizer.encode(code)) == code
+
+
+@pytest.mark.parametrize("bundled", [False, True])
+def test_incremental_decoding_matches_a_full_decode(tokenizer, bundled):
+    """Random chunk sizes, random ids (which need not form valid UTF-8): the streamed text
+    equals decoding everything at once."""
+    import random
+
+    from specdec.bundled import DEFAULT_TARGET
+
+    tok = TextTokenizer(DEFAULT_TARGET) if bundled else tokenizer
+    rnd = random.Random(0)
+    for trial in range(20):
+        ids = tok.encode("x = 'naïve 日本語 🙂'\n    return  a\t+ b\n") + [rnd.randrange(tok.vocab_size) for _ in range(60)]
+        if trial % 2:
+            rnd.shuffle(ids)
+        stream = TextStream(tok)
+        out, i = "", 0
+        while i < len(ids):
+            n = rnd.randint(1, 5)
+            out += stream.push(ids[i:i + n])
+            i += n
+        out += stream.finish()
+        assert out == tok.decode(ids)

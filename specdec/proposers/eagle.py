@@ -90,34 +90,46 @@ class EagleProposer:
         n = self.tree.nodes
         self.tree_sizes = sorted({min(s, n) for s in (4, 8, 16, n)})
         self.cache = head.new_cache(max_len + self.tree.depth * self.tree.expand + 8)
-        self.committed = 0  # head cache positions that belong to the accepted sequence
-        self.pending: list[torch.Tensor] = []  # target features not yet fed to the head
+        self.reset([])
 
     def reset(self, prompt_ids: list[int]) -> None:
         self.cache.rollback(0)
         self.committed = 0
         self.pending = []
+        self.prompt_ids = list(prompt_ids)
+        self.root_feature: torch.Tensor | None = None  # predicted feature of the pending token
 
     def observe_target(self, hidden: torch.Tensor) -> None:
         self.pending.append(hidden)
+        if self.committed == 0 and hidden.shape[0] == len(self.prompt_ids) - 1:
+            self._catch_up(self.prompt_ids)  # the prompt's features: part of the prefill
 
     def accepted(self, num_drafted: int, num_accepted: int) -> None:
         pass
 
     @torch.inference_mode()
-    def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Proposal:
-        if k <= 0 or not self.pending:
-            return Proposal([])
-        # bring the head's cache up to date: pair each new target feature with the next token
-        self.cache.rollback(self.committed)
+    def _catch_up(self, context: list[int]) -> None:
+        """Feed the head the target features not seen yet, each paired with the next token."""
+        self.cache.rollback(self.committed)  # forget the last tree's rows
+        if not self.pending:
+            return
         feats = torch.cat(self.pending)
         self.pending = []
         m, start = feats.shape[0], self.committed
         next_tokens = torch.tensor(context[start + 1:start + m + 1])
         out = self.head(feats[None], self.embed(next_tokens)[None], torch.arange(start, start + m), self.cache)
         self.committed += m
-        return self._grow_tree(out[0, -1], len(context) - 1, k, params, generator)
+        self.root_feature = out[0, -1]
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Proposal:
+        if k <= 0:
+            return Proposal([])
+        self._catch_up(context)
+        if self.root_feature is None:
+            return Proposal([])
+        return self._grow_tree(self.root_feature, len(context) - 1, k, params, generator)
 
     def _children(self, features: torch.Tensor, top_k: int, params: SamplingParams,
                   generator: torch.Generator | None) -> tuple[list[list[int]], list[list[float]], torch.Tensor | None]:
@@ -127,10 +139,8 @@ class EagleProposer:
         if params.greedy:
             top = torch.log_softmax(logits, -1).topk(top_k, dim=-1)
             return top.indices.tolist(), top.values.tolist(), None
-        q = final_probs(logits, params)
-        drawn = draw_distinct(q, top_k, generator)
-        logq = q.log()
-        return drawn, [logq[row, tokens].tolist() for row, tokens in enumerate(drawn)], q
+        drawn, q = draw_distinct(final_probs(logits, params), top_k, generator)
+        return drawn, [q[row, tokens].log().tolist() for row, tokens in enumerate(drawn)], q
 
     def _grow_tree(self, root_feature: torch.Tensor, base: int, k: int, params: SamplingParams,
                    generator: torch.Generator | None) -> Proposal:

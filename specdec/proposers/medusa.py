@@ -97,8 +97,7 @@ class MedusaProposer:
             candidates = [logits[d].topk(ranks[d]).indices.tolist() for d in range(depth)]
             tokens, parents = tree_from_choices(choices, candidates)
             return Proposal(tokens, None, parents)
-        q = final_probs(logits, params)
-        drawn = draw_distinct(q, max(ranks), generator)
+        drawn, q = draw_distinct(final_probs(logits, params), max(ranks), generator)
         candidates = [drawn[d][:ranks[d]] for d in range(depth)]
         tokens, parents = tree_from_choices(choices, candidates)
         draft_probs = torch.zeros(len(tokens) + 1, q.shape[-1], dtype=q.dtype)
