@@ -167,7 +167,7 @@ def cost_model_bound(stats, plain_seconds_per_token: float) -> float | None:
 
 def run_bench(methods: list[str], temperatures: list[float], tasks: list[str], target: str | None,
               draft: str | None, max_new_tokens: int, per_task: int, draft_tokens: int | None,
-              dtype: str = "float32", heads: dict | None = None, log=print) -> list[Row]:
+              dtype: str = "float32", heads: dict | None = None, repeats: int = 1, log=print) -> list[Row]:
     import specdec
     from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
     from specdec.engine import GenerationStats
@@ -201,9 +201,13 @@ def run_bench(methods: list[str], temperatures: list[float], tasks: list[str], t
         task_prompts = [p for p in prompts if p.task == task]
         for temp in temperatures:
             plain_tps = None
+            # round robin over methods, prompt by prompt: drifts in machine speed hit all alike
+            runs: dict[str, list] = {m: [] for m in runners}
+            for i in range(repeats * len(task_prompts)):
+                for m, runner in runners.items():
+                    runs[m].append(runner.run(task_prompts[i % len(task_prompts)].text, temp, max_new_tokens, seed=i))
             for m, runner in runners.items():
-                all_stats = [runner.run(p.text, temp, max_new_tokens, seed=i) for i, p in enumerate(task_prompts)]
-                s = GenerationStats.merge(all_stats)
+                s = GenerationStats.merge(runs[m])
                 row = Row(m, task, temp, s.new_tokens, round(s.wall_seconds, 3), round(s.tokens_per_second, 2),
                           model_memory_mb=round(runner.memory_mb(), 1))
                 if m == "none":
@@ -278,17 +282,21 @@ def cmd_bench(args) -> int:
     for t in tasks:
         if t not in TASKS:
             raise SpecdecError(f"unknown task {t!r}; choose from {', '.join(TASKS)}")
+    if args.repeats < 1 or args.prompts < 1:
+        raise SpecdecError("--repeats and --prompts must be >= 1")
     temps = _floats(args.temperatures)
     if any(t < 0 for t in temps):
         raise SpecdecError("temperatures must be >= 0")
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = run_bench(methods, temps, tasks, args.target, args.draft, args.max_new_tokens, args.prompts,
-                     args.draft_tokens, args.dtype, {"medusa": args.medusa, "eagle": args.eagle})
+                     args.draft_tokens, args.dtype, {"medusa": args.medusa, "eagle": args.eagle},
+                     args.repeats)
     print_table(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": torch.get_num_threads(),
+        Path(args.json).write_text(json.dumps({"threads": torch.get_num_threads(), "dtype": args.dtype,
                                                "max_new_tokens": args.max_new_tokens,
+                                               "prompts_per_task": args.prompts, "repeats": args.repeats,
                                                "rows": [asdict(r) for r in rows]}, indent=2))
     if args.plot:
         plot(rows, args.plot)
@@ -307,6 +315,7 @@ def add_parser(sub) -> None:
     b.add_argument("--dtype", default="float32")
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--prompts", type=int, default=3, help="prompts per task")
+    b.add_argument("--repeats", type=int, default=1, help="passes over the prompts (methods take turns)")
     b.add_argument("--draft-tokens", type=int, default=None, help="fixed K (default adaptive)")
     b.add_argument("--threads", type=int, default=0)
     b.add_argument("--json")

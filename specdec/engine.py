@@ -237,10 +237,8 @@ class Engine:
             verify = self._verify_chain if proposal.parents is None else self._verify_tree
             step = verify(context[-1], proposal, params, rng)
             new, num_accepted, target_seconds = step.new_tokens, step.num_accepted, step.target_seconds
-            if proposer is not None:
-                proposer.accepted(len(drafts), num_accepted)
-                if needs_hidden:
-                    proposer.observe_target(target.last_hidden[step.kept])
+            if needs_hidden:
+                proposer.observe_target(target.last_hidden[step.kept])
             stats.record_step(len(drafts), num_accepted)
             hit_eos = False
             for i, tok in enumerate(new):

@@ -318,6 +318,7 @@ BAD = [
     ("completions", {"prompt": 5}, 400, "prompt", "prompt"),
     ("completions", {"max_tokens": 4}, 400, "prompt", "prompt"),
     ("completions", {"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "stop"),
+    ("completions", {"prompt": "a", "stop": ["x" * 1001]}, 400, "at most 1000", "stop"),
     ("completions", {"prompt": "a", "stop": ""}, 400, "stop", "stop"),
     ("completions", {"prompt": "a", "stop": ["a", ""]}, 400, "stop", "stop"),
     ("completions", {"prompt": "a", "stop": 3}, 400, "stop", "stop"),

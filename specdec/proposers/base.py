@@ -27,6 +27,9 @@ class Proposal:
 
 
 class Proposer(Protocol):
+    """A drafter. It syncs its own state (caches) from the context it is handed; what gets
+    accepted is learnt by the engine's controller, which sets the budget k each step."""
+
     name: str
     shape: str  # "chain" (budget = drafted tokens) or "tree" (budget = tree nodes)
     needs_hidden: bool  # wants the target's final hidden states (Medusa, EAGLE)
@@ -37,9 +40,6 @@ class Proposer(Protocol):
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
         """Up to k tokens (chain) or nodes (tree) that may follow context."""
-
-    def accepted(self, num_drafted: int, num_accepted: int) -> None:
-        """Learn from the verdict on the last proposal."""
 
     def observe_target(self, hidden: torch.Tensor) -> None:
         """Hidden states [n, d] of the tokens just added to the target's cache, in order

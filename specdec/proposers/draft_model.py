@@ -53,8 +53,5 @@ class DraftModelProposer:
             feed = [token]
         return Proposal(tokens, torch.stack(rows) if rows else None)
 
-    def accepted(self, num_drafted: int, num_accepted: int) -> None:
-        pass
-
     def observe_target(self, hidden: torch.Tensor) -> None:
         pass

@@ -104,9 +104,6 @@ class EagleProposer:
         if self.committed == 0 and hidden.shape[0] == len(self.prompt_ids) - 1:
             self._catch_up(self.prompt_ids)  # the prompt's features: part of the prefill
 
-    def accepted(self, num_drafted: int, num_accepted: int) -> None:
-        pass
-
     @torch.inference_mode()
     def _catch_up(self, context: list[int]) -> None:
         """Feed the head the target features not seen yet, each paired with the next token."""

@@ -109,6 +109,3 @@ class MedusaProposer:
             draft_probs[row] = q[node_depth[row]]
             draws[row] = candidates[node_depth[row]]
         return Proposal(tokens, draft_probs, parents, draws)
-
-    def accepted(self, num_drafted: int, num_accepted: int) -> None:
-        pass

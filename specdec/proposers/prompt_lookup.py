@@ -38,8 +38,5 @@ class PromptLookupProposer:
                     return Proposal(follow, None)
         return Proposal([], None)
 
-    def accepted(self, num_drafted: int, num_accepted: int) -> None:
-        pass
-
     def observe_target(self, hidden: torch.Tensor) -> None:
         pass

@@ -14,6 +14,7 @@ from specdec.server.errors import ApiError, bad_request
 
 MAX_N = 8
 MAX_STOP = 4
+MAX_STOP_CHARS = 1000  # a stop string is matched against the text's tail every step
 SEED_MIN, SEED_MAX = -(2 ** 63), 2 ** 63 - 1
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI's legacy completions endpoint
 CHAT_ROLES = ("system", "developer", "user", "assistant")
@@ -190,6 +191,8 @@ def get_stop(body: dict) -> tuple[str, ...]:
             raise bad_request(f"stop[{i}] must be a string, got {describe(s)}", "stop")
         if not s:
             raise bad_request("stop strings must not be empty", "stop")
+        if len(s) > MAX_STOP_CHARS:
+            raise bad_request(f"stop[{i}] has {len(s)} characters; at most {MAX_STOP_CHARS} are allowed", "stop")
         check_text(s, "stop")
     return tuple(stop)
 

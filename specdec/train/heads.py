@@ -12,20 +12,15 @@ import torch.nn.functional as F
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specdec.models import LlamaModel
-from specdec.train.lm import lr_at, sample_batch
+from specdec.train.lm import OptimConfig, lr_at, sample_batch
 
 
 @dataclass
-class HeadTrainConfig:
+class HeadTrainConfig(OptimConfig):
     steps: int = 400
     batch_size: int = 8
-    seq_len: int = 256
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
     warmup: int = 20
     weight_decay: float = 0.0
-    seed: int = 0
-    threads: int = 0
     head_decay: float = 0.8  # Medusa: weight of head k is head_decay**k
     feature_noise: float = 0.1  # EAGLE: uniform noise on input features
     cls_weight: float = 0.1  # EAGLE: weight of the distillation term vs feature regression

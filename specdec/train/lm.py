@@ -20,7 +20,8 @@ from specdec.models.checkpoint import load_native
 
 
 @dataclass
-class TrainConfig:
+class OptimConfig:
+    """The schedule and batches shared by every training run (models and draft heads)."""
     steps: int = 1000
     batch_size: int = 16
     seq_len: int = 256
@@ -28,22 +29,26 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     warmup: int = 100
     weight_decay: float = 0.1
-    grad_clip: float = 1.0
     seed: int = 0
-    checkpoint_every: int = 200
-    distill_weight: float = 0.0  # >0: mix KL(teacher || student) into the loss
-    distill_temperature: float = 1.0
     threads: int = 0  # torch threads; 0 = torch default
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
+@dataclass
+class TrainConfig(OptimConfig):
+    grad_clip: float = 1.0
+    checkpoint_every: int = 200
+    distill_weight: float = 0.0  # >0: mix KL(teacher || student) into the loss
+    distill_temperature: float = 1.0
+
+
+def lr_at(step: int, cfg: OptimConfig) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def sample_batch(tokens: np.ndarray, cfg: TrainConfig, gen: torch.Generator) -> torch.Tensor:
+def sample_batch(tokens: np.ndarray, cfg: OptimConfig, gen: torch.Generator) -> torch.Tensor:
     starts = torch.randint(0, len(tokens) - cfg.seq_len - 1, (cfg.batch_size,), generator=gen)
     rows = [torch.from_numpy(tokens[s:s + cfg.seq_len + 1].astype(np.int64)) for s in starts.tolist()]
     return torch.stack(rows)
