@@ -89,7 +89,10 @@ class DraftLengthController:
                 draft_seconds: float, overhead_seconds: float) -> None:
         """chosen: the K asked for; k: tokens actually drafted."""
         def ema(old: float | None, new: float) -> float:
-            return new if old is None else self.time_decay * old + (1 - self.time_decay) * new
+            if old is None:
+                return new
+            new = min(max(new, old / 2), 2 * old)  # one stall must not swing the cost model
+            return self.time_decay * old + (1 - self.time_decay) * new
 
         self.target_seconds[k] = ema(self.target_seconds.get(k), target_seconds)
         self.overhead_seconds[k > 0] = ema(self.overhead_seconds.get(k > 0), overhead_seconds)
@@ -102,19 +105,19 @@ class DraftLengthController:
 @dataclass
 class TreeSizeController:
     """For tree drafters: pick among a few tree sizes (0 = plain step) by measured tokens per
-    second. Sizes are tried upwards, a few steps each (acceptance is noisy), until one does
-    far worse than plain steps; then the best is used and a neighbour of it re-measured now
-    and then, less often while the best holds."""
+    second. Every size is tried a few steps (acceptance is noisy; on a CPU a larger tree can
+    win where a small one loses, since verifying more nodes costs little), then the best is
+    used and a neighbour of it re-measured now and then, less often while the best holds."""
 
     sizes: list[int]
     fixed_size: int | None = None
-    min_samples: int = 3  # steps per size before judging it
-    give_up_ratio: float = 0.6  # stop trying larger trees below this share of plain's rate
+    min_samples: int = 2  # steps per size before judging it
     probe_every: int = 16  # steps between probes of a neighbour of the best; the gap
     max_probe_every: int = 128  # doubles while the best stays the same
     decay: float = 0.9  # forgetting per observation of a size: acceptance drifts with the text
     tokens: dict[int, float] = field(default_factory=dict)  # decayed sums by size
     seconds: dict[int, float] = field(default_factory=dict)
+    weight: dict[int, float] = field(default_factory=dict)  # decayed step counts
     samples: dict[int, int] = field(default_factory=dict)  # steps measured by size
     best: int | None = None
     probe_gap: int = 0
@@ -131,9 +134,7 @@ class TreeSizeController:
         for size in allowed:
             if self.samples.get(size, 0) < self.min_samples:
                 return size
-            if size > 0 and self.rate(size) < self.give_up_ratio * self.rate(0):
-                break
-        best = max((s for s in allowed if s in self.samples), key=self.rate)
+        best = max(allowed, key=self.rate)
         if best != self.best:
             self.best, self.probe_gap, self.since_probe = best, self.probe_every, 0
         self.since_probe += 1
@@ -149,7 +150,9 @@ class TreeSizeController:
 
     def observe(self, chosen: int, k: int, num_accepted: int, target_seconds: float,
                 draft_seconds: float, overhead_seconds: float) -> None:
+        seconds = target_seconds + draft_seconds + overhead_seconds
+        if chosen in self.weight:  # one stall must not swing the estimate
+            seconds = min(seconds, 2 * self.seconds[chosen] / self.weight[chosen])
         self.samples[chosen] = self.samples.get(chosen, 0) + 1
-        for table, value in ((self.tokens, num_accepted + 1.0),
-                             (self.seconds, target_seconds + draft_seconds + overhead_seconds)):
+        for table, value in ((self.tokens, num_accepted + 1.0), (self.seconds, seconds), (self.weight, 1.0)):
             table[chosen] = self.decay * table.get(chosen, 0.0) + value

@@ -251,7 +251,8 @@ class Engine:
             delta = text.push(new)
             t3 = time.perf_counter()
             if proposer is not None:
-                controller.observe(k, len(drafts), num_accepted, target_seconds, t1 - t0, t3 - t1 - target_seconds)
+                controller.observe(k, len(drafts), num_accepted, target_seconds, t1 - t0 - proposal.sync_seconds,
+                                   t3 - t1 - target_seconds)
             stats.draft_seconds += t1 - t0
             stats.target_seconds += target_seconds
             stats.other_seconds += t3 - t1 - target_seconds

@@ -24,6 +24,9 @@ class Proposal:
     # sampled trees only, rows as draft_probs: every token drawn at that node, in draw order,
     # including drawn tokens left out of the tree (all must be tried for exactness)
     draws: list[list[int]] | None = None
+    # time spent feeding the drafter tokens it did not draft (after plain steps): a one-off
+    # cost, kept out of the controller's per-step drafting cost
+    sync_seconds: float = 0.0
 
 
 class Proposer(Protocol):

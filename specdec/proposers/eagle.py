@@ -8,6 +8,7 @@ score nodes by the product of draft probabilities along their path, keep the bes
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,28 +106,40 @@ class EagleProposer:
             self._catch_up(self.prompt_ids)  # the prompt's features: part of the prefill
 
     @torch.inference_mode()
-    def _catch_up(self, context: list[int]) -> None:
-        """Feed the head the target features not seen yet, each paired with the next token."""
+    def _catch_up(self, context: list[int]) -> float:
+        """Feed the head the target features not seen yet, each paired with the next token.
+        Returns the time spent on features left by plain steps (all but the last step's)."""
         self.cache.rollback(self.committed)  # forget the last tree's rows
         if not self.pending:
-            return
-        feats = torch.cat(self.pending)
+            return 0.0
+        *earlier, last = self.pending  # one entry per target step
         self.pending = []
+        sync_seconds = 0.0
+        if earlier:
+            t0 = time.perf_counter()
+            self._feed(torch.cat(earlier), context)
+            sync_seconds = time.perf_counter() - t0
+        self.root_feature = self._feed(last, context)[-1]
+        return sync_seconds
+
+    def _feed(self, feats: torch.Tensor, context: list[int]) -> torch.Tensor:
         m, start = feats.shape[0], self.committed
         next_tokens = torch.tensor(context[start + 1:start + m + 1])
         out = self.head(feats[None], self.embed(next_tokens)[None], torch.arange(start, start + m), self.cache)
         self.committed += m
-        self.root_feature = out[0, -1]
+        return out[0]
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
         if k <= 0:
             return Proposal([])
-        self._catch_up(context)
+        sync_seconds = self._catch_up(context)
         if self.root_feature is None:
             return Proposal([])
-        return self._grow_tree(self.root_feature, len(context) - 1, k, params, generator)
+        proposal = self._grow_tree(self.root_feature, len(context) - 1, k, params, generator)
+        proposal.sync_seconds = sync_seconds
+        return proposal
 
     def _children(self, features: torch.Tensor, top_k: int, params: SamplingParams,
                   generator: torch.Generator | None) -> tuple[list[list[int]], list[list[float]], torch.Tensor | None]:
