@@ -107,13 +107,16 @@ class TreeSizeController:
     """For tree drafters: pick among a few tree sizes (0 = plain step) by measured tokens per
     second. Every size is tried a few steps (acceptance is noisy; on a CPU a larger tree can
     win where a small one loses, since verifying more nodes costs little), then the best is
-    used and a neighbour of it re-measured now and then, less often while the best holds."""
+    used and a neighbour of it re-measured now and then, less often while the best holds.
+    Plain steps are re-measured regularly too: a first measurement taken while caches are cold
+    must not keep them out for good."""
 
     sizes: list[int]
     fixed_size: int | None = None
     min_samples: int = 2  # steps per size before judging it
     probe_every: int = 16  # steps between probes of a neighbour of the best; the gap
     max_probe_every: int = 128  # doubles while the best stays the same
+    plain_every: int = 32  # while trees win, a plain step this often (a cheap re-measure)
     decay: float = 0.9  # forgetting per observation of a size: acceptance drifts with the text
     tokens: dict[int, float] = field(default_factory=dict)  # decayed sums by size
     seconds: dict[int, float] = field(default_factory=dict)
@@ -123,6 +126,7 @@ class TreeSizeController:
     probe_gap: int = 0
     since_probe: int = 0
     probes: int = 0
+    since_plain: int = 0
 
     def rate(self, size: int) -> float:
         return self.tokens[size] / self.seconds[size] if self.seconds.get(size) else 0.0
@@ -137,6 +141,9 @@ class TreeSizeController:
         best = max(allowed, key=self.rate)
         if best != self.best:
             self.best, self.probe_gap, self.since_probe = best, self.probe_every, 0
+        self.since_plain += 1
+        if best != 0 and self.since_plain > self.plain_every:
+            return 0  # the baseline every tree must beat: keep its cost current
         self.since_probe += 1
         if self.since_probe >= self.probe_gap:
             self.since_probe = 0
@@ -150,6 +157,8 @@ class TreeSizeController:
 
     def observe(self, chosen: int, k: int, num_accepted: int, target_seconds: float,
                 draft_seconds: float, overhead_seconds: float) -> None:
+        if chosen == 0:
+            self.since_plain = 0
         seconds = target_seconds + draft_seconds + overhead_seconds
         if chosen in self.weight:  # one stall must not swing the estimate
             seconds = min(seconds, 2 * self.seconds[chosen] / self.weight[chosen])
