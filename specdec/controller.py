@@ -14,7 +14,8 @@ class DraftLengthController:
     max_k: int = 8
     fixed_k: int | None = None  # a fixed K disables adaptation
     prior_acceptance: float = 0.6
-    prior_weight: float = 2.0
+    prior_weight: float = 1.0
+    min_gain: float = 1.03  # drafting must beat a plain step by this much: estimates are noisy
     decay: float = 0.9  # forgetting per observation: acceptance drifts with the text
     probe_every: int = 20  # when plain steps win, still draft now and then to track acceptance;
     max_probe_every: int = 160  # the gap doubles while plain keeps winning
@@ -74,7 +75,12 @@ class DraftLengthController:
             return 0
         if not self.target_seconds or self.draft_seconds_per_token is None:
             return min(upper, 4)  # first step: measure a speculative step
-        best = max(range(upper + 1), key=lambda k: self.expected_tokens(k) / self.step_cost(k))
+        def rate(k: int) -> float:
+            return self.expected_tokens(k) / self.step_cost(k)
+
+        best = max(range(1, upper + 1), key=rate)
+        if rate(best) < self.min_gain * rate(0):
+            best = 0
         if best > 0:
             self.plain_streak, self.probe_gap = 0, self.probe_every
             return best
