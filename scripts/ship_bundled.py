@@ -49,9 +49,14 @@ def main() -> None:
         info = json.loads((out / "training.json").read_text())
         extra = [f"- Held-out loss: {info['heldout_loss_nats_per_token']} nats/token (float32 weights before the "
                  "bfloat16 export; the pair evaluation below uses the shipped weights)"]
+        if name == "pycode-target":
+            extra.append("- Schedule: 700 steps at peak lr 1.5e-3, then resumed to 1500 steps at peak lr 1e-3 "
+                         "(the cosine schedule re-stretched at step 700): about 1.9 passes over the training tokens")
         if name == "pycode-draft":
-            extra.append("- Schedule: 400 steps, then resumed to 1000 steps (the cosine schedule re-stretched "
-                         "at step 400); ran beside the head trainings, so its wall time is inflated")
+            extra.append("- Schedule: 400 steps, then resumed to 1000 steps (the cosine schedule re-stretched at "
+                         "step 400), distilled from the 700-step target; then resumed to 1300 steps distilled "
+                         "from the final 1500-step target. Parts ran beside other trainings, so its wall time "
+                         "is inflated")
         if pair:
             extra.append(f"- Pair evaluation (`specdec train eval`): {json.dumps(pair)}")
         (out / "README.md").write_text(card(name, title, info, "\n".join(extra)))
@@ -73,8 +78,8 @@ def main() -> None:
         keys = [k for k in info if k.startswith("heldout") or k.startswith("tree_expected")]
         extra = "\n".join(f"- {k}: {json.dumps(info[k])}" for k in keys)
         if info.get("init"):
-            extra += (f"\n- Fine-tuned from the head in {info['init']} (trained first; see "
-                      "scripts/train_bundled.sh); the training time above is the fine-tune's only")
+            extra += (f"\n- Fine-tuned from the head in {info['init']} (trained before it; see "
+                      "scripts/train_bundled.sh for the chain); the training time above is this fine-tune's only")
         (out / "README.md").write_text(card(name, title, info, extra))
     print("shipped:", ", ".join(sorted(p.name for p in DEST.iterdir())))
 

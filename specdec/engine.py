@@ -216,7 +216,7 @@ class Engine:
         if len(context) > 1:
             target.extend(context[:-1], want_hidden=needs_hidden)
             if needs_hidden:
-                proposer.observe_target(target.last_hidden)
+                proposer.observe_target(target.last_hidden, prefill=True)
         stats.prefill_seconds = time.perf_counter() - t_start
         generated: list[int] = []
         finish = "length"

@@ -72,3 +72,19 @@ def test_heads_decode_losslessly(run_dir):
 def test_medusa_tree_rebuild(run_dir):
     assert main(["train", "medusa-tree", "--heads", str(run_dir / "medusa"), "--nodes", "3"]) == 0
     assert len(json.loads((run_dir / "medusa" / "config.json").read_text())["tree"]) == 3
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_head_training_continues_from_init(run_dir, tmp_path, method):
+    """--init starts from an existing head (to re-fit heads after the target changed): with a
+    zero learning rate the weights come out exactly as they went in."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / method
+    assert main(["train", method, "--target", str(run_dir / "target" / "model"), "--out", str(out),
+                 "--init", str(run_dir / method), "--steps", "1", "--lr", "0",
+                 "--corpus", str(run_dir / "corpus"), "--batch-size", "2", "--seq-len", "32"]) == 0
+    before, after = load_file(str(run_dir / method / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert json.loads((out / "config.json").read_text())["init"] == str(run_dir / method)

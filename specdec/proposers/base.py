@@ -44,9 +44,9 @@ class Proposer(Protocol):
                 generator: torch.Generator | None) -> Proposal:
         """Up to k tokens (chain) or nodes (tree) that may follow context."""
 
-    def observe_target(self, hidden: torch.Tensor) -> None:
+    def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
         """Hidden states [n, d] of the tokens just added to the target's cache, in order
-        (only called when needs_hidden)."""
+        (only called when needs_hidden); prefill=True for the prompt's tokens."""
 
 
 def read_head_config(folder: str | Path, model_type: str) -> dict:

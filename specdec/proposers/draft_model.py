@@ -17,22 +17,27 @@ class DraftModelProposer:
     def __init__(self, runner):
         self.runner = runner
         self.cached: list[int] = []  # the tokens whose keys/values are in the draft cache
+        self.verified = 0  # leading cached tokens known to equal the context (which only grows)
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Prefill the draft cache with the prompt (all but its last token, like the target)."""
         self.runner.reset()
         self.cached = list(prompt_ids[:-1])
+        self.verified = len(self.cached)
         if self.cached:
             self.runner.extend(self.cached)
 
     def _sync(self, context: list[int]) -> list[int]:
-        """Roll the draft cache back to its common prefix with context; return what to feed."""
-        n = 0
+        """Roll the draft cache back to its common prefix with context; return what to feed.
+        The engine only appends to the context between resets, so the comparison starts after
+        the prefix matched last time: O(drafted tokens) per step, not O(context)."""
+        n = min(self.verified, len(context) - 1)
         limit = min(len(self.cached), len(context) - 1)  # always feed at least one token
         while n < limit and self.cached[n] == context[n]:
             n += 1
         self.runner.rollback(n)
         del self.cached[n:]
+        self.verified = n
         return context[n:]
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
@@ -62,5 +67,5 @@ class DraftModelProposer:
             feed = [token]
         return Proposal(tokens, torch.stack(rows) if rows else None, sync_seconds=sync_seconds)
 
-    def observe_target(self, hidden: torch.Tensor) -> None:
+    def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
         pass

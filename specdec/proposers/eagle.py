@@ -100,10 +100,10 @@ class EagleProposer:
         self.prompt_ids = list(prompt_ids)
         self.root_feature: torch.Tensor | None = None  # predicted feature of the pending token
 
-    def observe_target(self, hidden: torch.Tensor) -> None:
+    def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
         self.pending.append(hidden)
-        if self.committed == 0 and hidden.shape[0] == len(self.prompt_ids) - 1:
-            self._catch_up(self.prompt_ids)  # the prompt's features: part of the prefill
+        if prefill:  # feed the prompt's features now, so the first step pays no catch-up
+            self._catch_up(self.prompt_ids)
 
     @torch.inference_mode()
     def _catch_up(self, context: list[int]) -> float:

@@ -38,5 +38,5 @@ class PromptLookupProposer:
                     return Proposal(follow, None)
         return Proposal([], None)
 
-    def observe_target(self, hidden: torch.Tensor) -> None:
+    def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
         pass

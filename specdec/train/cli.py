@@ -159,7 +159,12 @@ def cmd_medusa(args) -> int:
     target = load_native(args.target, "float32")
     train_ids, held_ids = _head_data(args, args.target)
     torch.manual_seed(args.seed)
-    heads = MedusaHeads(args.num_heads, target.config.hidden_size)
+    if args.init:
+        from specdec.proposers.medusa import load_medusa
+
+        heads = load_medusa(args.init)[0].train()
+    else:
+        heads = MedusaHeads(args.num_heads, target.config.hidden_size)
     cfg = _head_config(args)
     seconds = train_medusa(target, heads, train_ids, cfg)
     acc = medusa_rank_accuracy(target, heads, held_ids, seq_len=min(256, len(held_ids) - 1))
@@ -170,7 +175,7 @@ def cmd_medusa(args) -> int:
             "heldout_top1": [round(row[0], 4) for row in acc],
             "heldout_top5": [round(sum(row[:5]), 4) for row in acc],
             "tree_expected_accepted_length": round(expected_accepted_length(tree, acc), 3),
-            "train_seconds": round(seconds), "train_config": cfg.__dict__}
+            "train_seconds": round(seconds), "init": args.init, "train_config": cfg.__dict__}
     save_medusa(heads, args.out, meta)
     print(json.dumps({k: meta[k] for k in ("heldout_top1", "heldout_top5", "tree_expected_accepted_length")}))
     return 0
@@ -236,10 +241,10 @@ def add_head_parsers(tsub) -> None:
         p.add_argument("--lr", type=float, default=1e-3)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--threads", type=int, default=0)
+        p.add_argument("--init", help=f"continue from an existing {name} folder (e.g. after the target changed)")
         if name == "eagle":
             p.add_argument("--unroll", type=int, default=1,
                            help="also train on the head's own predicted features for this many steps")
-            p.add_argument("--init", help="continue from an existing EAGLE head folder")
         if name == "medusa":
             p.add_argument("--num-heads", type=int, default=4)
             p.add_argument("--tree-nodes", type=int, default=24)

@@ -152,6 +152,8 @@ def train_lm(model_config: ModelConfig, tokens: np.ndarray, out: str | Path, cfg
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
             progress.update(task, advance=1, loss=loss.item())
+            if (step + 1) % 50 == 0 and not progress.console.is_terminal:  # a log file: one line per 50
+                log(f"train {out.name} step {step + 1}/{cfg.steps} loss {loss.item():.4f} ({time.time() - t0:.0f}s)")
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
                 save_checkpoint(ckpt, model, opt, step + 1, gen, earlier + time.time() - t0)
     log(f"trained {cfg.steps - start} steps in {time.time() - t0:.0f}s")
