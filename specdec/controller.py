@@ -24,6 +24,9 @@ class DraftLengthController:
     accepted_count: float = 0.0
     rejected_count: float = 0.0
     target_seconds: dict[int, float] = field(default_factory=dict)  # EMA by K
+    stale_after: int = 32  # a K >= 1 not drafted in this many speculative steps is forgotten
+    speculative_steps: int = 0
+    last_drafted: dict[int, int] = field(default_factory=dict)  # K -> speculative step it last ran
     draft_seconds_per_token: float | None = None
     overhead_seconds: dict[bool, float] = field(default_factory=dict)  # keyed by K > 0
     plain_streak: int = 0
@@ -65,6 +68,14 @@ class DraftLengthController:
             cost += k * (self.draft_seconds_per_token or 0.0)
         return cost
 
+    def start_sequence(self) -> None:
+        """A new text: costs carry over, but its acceptance may differ, so the old evidence
+        is halved and, if plain steps were winning, the first step probes again."""
+        self.accepted_count *= 0.5
+        self.rejected_count *= 0.5
+        self.probe_gap = self.probe_every
+        self.plain_streak = self.probe_every
+
     def choose(self, limit: int) -> int:
         """K for the next step, at most `limit` (tokens left, cache room)."""
         limit = max(0, limit)
@@ -97,10 +108,18 @@ class DraftLengthController:
         def ema(old: float | None, new: float) -> float:
             if old is None:
                 return new
-            new = min(max(new, old / 2), 2 * old)  # one stall must not swing the cost model
+            if new < old / 2:  # timings are only ever inflated (cold kernels, stalls): the old
+                return new  # estimate was such an outlier, so drop it at once
+            new = min(new, 2 * old)  # one stall must not swing the cost model
             return self.time_decay * old + (1 - self.time_decay) * new
 
         self.target_seconds[k] = ema(self.target_seconds.get(k), target_seconds)
+        if k > 0:  # forget other K's old timings (e.g. one cold first pass) once they go stale,
+            self.speculative_steps += 1  # so the cost line is fitted to what runs now
+            self.last_drafted[k] = self.speculative_steps
+            for old_k, at in list(self.last_drafted.items()):
+                if self.speculative_steps - at > self.stale_after:
+                    del self.last_drafted[old_k], self.target_seconds[old_k]
         self.overhead_seconds[k > 0] = ema(self.overhead_seconds.get(k > 0), overhead_seconds)
         if k > 0:
             self.draft_seconds_per_token = ema(self.draft_seconds_per_token, draft_seconds / k)
@@ -134,6 +153,11 @@ class TreeSizeController:
     probes: int = 0
     since_plain: int = 0
 
+    def start_sequence(self) -> None:
+        """A new text: acceptance may differ, so a neighbour of the best is probed soon."""
+        self.probe_gap = self.probe_every
+        self.since_probe = 0
+
     def rate(self, size: int) -> float:
         return self.tokens[size] / self.seconds[size] if self.seconds.get(size) else 0.0
 
@@ -166,8 +190,12 @@ class TreeSizeController:
         if chosen == 0:
             self.since_plain = 0
         seconds = target_seconds + draft_seconds + overhead_seconds
-        if chosen in self.weight:  # one stall must not swing the estimate
-            seconds = min(seconds, 2 * self.seconds[chosen] / self.weight[chosen])
+        if chosen in self.weight:
+            mean = self.seconds[chosen] / self.weight[chosen]
+            if seconds < mean / 2:  # the earlier steps were inflated (cold kernels): forget them
+                for table in (self.tokens, self.seconds, self.weight):
+                    table[chosen] = 0.0
+            seconds = min(seconds, 2 * mean)  # one stall must not swing the estimate
         self.samples[chosen] = self.samples.get(chosen, 0) + 1
         for table, value in ((self.tokens, num_accepted + 1.0), (self.seconds, seconds), (self.weight, 1.0)):
             table[chosen] = self.decay * table.get(chosen, 0.0) + value

@@ -205,6 +205,7 @@ class Engine:
         rng = TorchRandom(generator)
         stats = GenerationStats(self.method, lossy=self.typical_acceptance and not params.greedy)
         controller = self.controller_for(params)
+        controller.start_sequence()
         text = TextStream(self.tokenizer, params.stop)
         t_start = time.perf_counter()
         target, proposer = self.target, self.proposer

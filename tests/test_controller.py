@@ -80,3 +80,46 @@ def test_tree_controller_ignores_one_stall():
         c.observe(k, k, 2.0 if k else 0.0, 1.0, 0.0, 0.0)  # trees: 3 tokens per second-long step
     c.observe(8, 8, 2.0, 100.0, 0.0, 0.0)  # one step stalls (a page fault, a noisy neighbour)
     assert c.choose(100) == 8
+
+
+def test_cold_first_steps_do_not_keep_speculation_off():
+    """The first passes of a new shape run 20x slow (kernels being built). Timings are only
+    ever inflated, so one normal measurement replaces such an estimate: the draft is back in
+    use at its best length instead of being judged by its cold start for good."""
+    c = DraftLengthController(max_k=8)
+    rnd = random.Random(0)
+    ks = []
+    for step in range(300):
+        k = c.choose(16)
+        cold = 20.0 if step < 2 else 1.0
+        n = 0
+        while n < k and rnd.random() < 0.7:
+            n += 1
+        c.observe(k, k, n, (1.0 + 0.05 * k) * (cold if k else 1.0), 0.05 * k * cold, 0.0)
+        ks.append(k)
+    assert abs(c.draft_seconds_per_token - 0.05) < 0.01
+    # the cold K = 4 timing goes stale and is forgotten: K settles near the best (4) again
+    assert 3 <= sum(ks[-100:]) / 100 <= 6
+
+
+def test_tree_controller_forgets_a_cold_start():
+    c = TreeSizeController(sizes=[8])
+    seen = []
+    for step in range(200):
+        k = c.choose(100)
+        cold = 20.0 if k and c.samples.get(k, 0) < 2 else 1.0  # both first tree steps cold
+        c.observe(k, k, 2.0 if k else 0.0, cold, 0.0, 0.0)  # trees: 3 tokens per 1 s step
+        seen.append(k)
+    assert sum(k == 8 for k in seen[-50:]) > 40
+
+
+def test_new_sequence_probes_again_after_a_plain_phase():
+    """Text where the draft is useless pushes the probe gap to its maximum (160 steps, longer
+    than a whole answer); the next sequence must not inherit that: it probes at once, and if
+    the draft is good there it drafts from then on."""
+    c = DraftLengthController(max_k=8)
+    simulate(c, 0.0, lambda k: 1.0 + 0.05 * k, 0.05, steps=400)
+    assert c.probe_gap == c.max_probe_every
+    c.start_sequence()
+    ks = simulate(c, 0.9, lambda k: 1.0 + 0.05 * k, 0.05, steps=60)
+    assert ks[0] > 0 and sum(k > 0 for k in ks) > 50

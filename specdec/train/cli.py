@@ -128,7 +128,7 @@ def add_parser(sub) -> None:
     ev.add_argument("--target", required=True)
     ev.add_argument("--draft", required=True)
     ev.add_argument("--heldout", help="token file (.npy); default: held-out stdlib files")
-    ev.add_argument("--windows", type=int, default=32)
+    ev.add_argument("--windows", type=int, default=None, help="windows of --seq-len tokens to score (default: all)")
     ev.add_argument("--seq-len", type=int, default=512)
     ev.set_defaults(func=cmd_eval)
     add_head_parsers(tsub)

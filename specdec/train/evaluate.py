@@ -36,11 +36,14 @@ def forward_seconds_per_token(model, steps: int = 64, context: int = 128) -> flo
 
 @torch.inference_mode()
 def evaluate_pair(target_dir: str | Path, draft_dir: str | Path, heldout: str | Path | None = None,
-                  windows: int = 32, seq_len: int = 512) -> dict:
+                  windows: int | None = None, seq_len: int = 512) -> dict:
+    """windows: how many seq_len windows of the held-out tokens to score (None: all of them)."""
     target = load_native(target_dir, "float32")
     draft = load_native(draft_dir, "float32")
     tokens = np.load(heldout) if heldout else heldout_tokens(target_dir)
-    n = min(windows, (len(tokens) - 1) // seq_len)
+    n = (len(tokens) - 1) // seq_len
+    if windows is not None:
+        n = min(n, windows)
     t_loss = d_loss = agree = count = 0.0
     for i in range(n):
         chunk = torch.from_numpy(tokens[i * seq_len:(i + 1) * seq_len + 1].astype(np.int64))[None]
