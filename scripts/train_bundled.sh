@@ -36,11 +36,13 @@ specdec train medusa --target "$RUNS/target/model" --out "$RUNS/medusa3" --init 
 specdec train eagle --target "$RUNS/target/model" --out "$RUNS/eagle3" --init "$RUNS/eagle2" --unroll 3 \
     --steps 300 --batch-size 4 --seq-len 256 --lr 5e-4 --threads 1
 wait
-# the new target's features moved far (held-out top-1 fell to 0.25 / 0.51): a second, longer re-fit
+# the new target's features moved far (held-out top-1 fell to 0.25 / 0.51): longer re-fits
 specdec train medusa --target "$RUNS/target/model" --out "$RUNS/medusa4" --init "$RUNS/medusa3" --steps 600 \
     --batch-size 4 --seq-len 256 --lr 1e-3 --threads 1 &
 specdec train eagle --target "$RUNS/target/model" --out "$RUNS/eagle4" --init "$RUNS/eagle3" --unroll 3 \
     --steps 500 --batch-size 4 --seq-len 256 --lr 1e-3 --threads 1
 wait
+specdec train eagle --target "$RUNS/target/model" --out "$RUNS/eagle5" --init "$RUNS/eagle4" --unroll 3 \
+    --steps 500 --batch-size 4 --seq-len 256 --lr 1e-3 --threads 1
 specdec train eval --target "$RUNS/target/model" --draft "$RUNS/draft/model" | tee "$RUNS/pair_eval.json"
-python scripts/ship_bundled.py --runs "$RUNS" --medusa medusa4 --eagle eagle4
+python scripts/ship_bundled.py --runs "$RUNS" --medusa medusa4 --eagle eagle5

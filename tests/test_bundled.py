@@ -53,7 +53,9 @@ def test_greedy_identity_float64(plain64, method):
 
 
 def test_generate_fibonacci_looks_like_python(capsys):
-    assert main(["generate", "def fibonacci(n):", "--max-new-tokens", "48", "--json"]) == 0
+    # the command of the issue, at its default length (128 new tokens): the better-trained
+    # target often opens with a docstring, so code may only follow it
+    assert main(["generate", "def fibonacci(n):", "--json"]) == 0
     text = json.loads(capsys.readouterr().out)["samples"][0]["text"]
     assert "\n" in text and any(w in text for w in ("return", "if", "for", "while", "=", "("))
     body = "def fibonacci(n):" + text
