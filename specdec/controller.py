@@ -9,6 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def screen_timing(new: float, estimate: float) -> tuple[float, bool]:
+    """Timings are only ever inflated (cold kernels for a new shape, stalls). Returns the
+    sample to use, capped at twice the estimate so one stall cannot swing the cost model, and
+    whether the estimate itself must be dropped: a sample under half of it shows that the
+    estimate was built on such inflated steps."""
+    if new < estimate / 2:
+        return new, True
+    return min(new, 2 * estimate), False
+
+
 @dataclass
 class DraftLengthController:
     max_k: int = 8
@@ -108,20 +118,19 @@ class DraftLengthController:
         def ema(old: float | None, new: float) -> float:
             if old is None:
                 return new
-            if new < old / 2:  # timings are only ever inflated (cold kernels, stalls): the old
-                return new  # estimate was such an outlier, so drop it at once
-            new = min(new, 2 * old)  # one stall must not swing the cost model
-            return self.time_decay * old + (1 - self.time_decay) * new
+            new, drop_old = screen_timing(new, old)
+            return new if drop_old else self.time_decay * old + (1 - self.time_decay) * new
 
         self.target_seconds[k] = ema(self.target_seconds.get(k), target_seconds)
-        if k > 0:  # forget other K's old timings (e.g. one cold first pass) once they go stale,
-            self.speculative_steps += 1  # so the cost line is fitted to what runs now
+        self.overhead_seconds[k > 0] = ema(self.overhead_seconds.get(k > 0), overhead_seconds)
+        if k > 0:
+            # forget other K's timings once stale (e.g. one cold first pass), so the cost line
+            # is fitted to what runs now
+            self.speculative_steps += 1
             self.last_drafted[k] = self.speculative_steps
             for old_k, at in list(self.last_drafted.items()):
                 if self.speculative_steps - at > self.stale_after:
                     del self.last_drafted[old_k], self.target_seconds[old_k]
-        self.overhead_seconds[k > 0] = ema(self.overhead_seconds.get(k > 0), overhead_seconds)
-        if k > 0:
             self.draft_seconds_per_token = ema(self.draft_seconds_per_token, draft_seconds / k)
             self.accepted_count = self.decay * self.accepted_count + num_accepted
             self.rejected_count = self.decay * self.rejected_count + (1 if num_accepted < k else 0)
@@ -191,11 +200,10 @@ class TreeSizeController:
             self.since_plain = 0
         seconds = target_seconds + draft_seconds + overhead_seconds
         if chosen in self.weight:
-            mean = self.seconds[chosen] / self.weight[chosen]
-            if seconds < mean / 2:  # the earlier steps were inflated (cold kernels): forget them
+            seconds, drop_old = screen_timing(seconds, self.seconds[chosen] / self.weight[chosen])
+            if drop_old:
                 for table in (self.tokens, self.seconds, self.weight):
                     table[chosen] = 0.0
-            seconds = min(seconds, 2 * mean)  # one stall must not swing the estimate
         self.samples[chosen] = self.samples.get(chosen, 0) + 1
         for table, value in ((self.tokens, num_accepted + 1.0), (self.seconds, seconds), (self.weight, 1.0)):
             table[chosen] = self.decay * table.get(chosen, 0.0) + value

@@ -241,7 +241,8 @@ def add_head_parsers(tsub) -> None:
         p.add_argument("--lr", type=float, default=1e-3)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--threads", type=int, default=0)
-        p.add_argument("--init", help=f"continue from an existing {name} folder (e.g. after the target changed)")
+        p.add_argument("--init", help=f"continue from an existing {name} folder (e.g. after the target changed); "
+                                      "its shape (head count, layer sizes) is kept")
         if name == "eagle":
             p.add_argument("--unroll", type=int, default=1,
                            help="also train on the head's own predicted features for this many steps")
