@@ -25,7 +25,7 @@ def card(name: str, title: str, info: dict, extra: str) -> str:
              f"- Training time: {hours:.0f} minutes on a 2-core CPU",
              f"- Training config: {json.dumps(tc)}" if tc else "",
              extra, "", "## License", "", LICENSE, ""]
-    return "\n".join(l for l in lines if l is not None)
+    return "\n".join(line for line in lines if line is not None)
 
 
 def main() -> None:

@@ -1,14 +1,13 @@
 """Python API: `specdec.load(...)` returns a SpecDecoder with generate() and stream()."""
 from __future__ import annotations
 
-import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from specdec.bundled import DEFAULT_DRAFT, DEFAULT_EAGLE, DEFAULT_MEDUSA, DEFAULT_TARGET
 from specdec.engine import Engine, GenerationResult, StreamChunk
 from specdec.errors import SpecdecError
-from specdec.models.checkpoint import load_native, parse_dtype, read_hf_config
+from specdec.models.checkpoint import load_native, open_model, parse_dtype
 from specdec.models.config import SUPPORTED_MODEL_TYPES
 from specdec.models.runner import NativeRunner
 from specdec.proposers import DraftModelProposer, PromptLookupProposer
@@ -20,27 +19,25 @@ MAX_DRAFT_TOKENS_LIMIT = 64
 
 
 def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: int | None = None):
-    config = read_hf_config(folder)
+    """A runner for a model folder, a .gguf file (or a folder holding one) or a short name."""
     if backend not in ("auto", "native", "transformers"):
         raise SpecdecError(f"unknown backend {backend!r}; choose auto, native or transformers")
-    if backend == "native" or (backend == "auto" and config.get("model_type") in SUPPORTED_MODEL_TYPES):
-        return NativeRunner(load_native(folder, dtype), max_len)
+    source = open_model(folder)
+    if source.is_gguf and backend == "transformers":
+        from specdec.models.gguf import load_transformers_gguf
+        from specdec.models.hf_backend import TransformersRunner
+
+        return TransformersRunner(load_transformers_gguf(source.path, parse_dtype(dtype)), max_len)
+    native = backend == "native" or (backend == "auto" and source.config().get("model_type") in SUPPORTED_MODEL_TYPES)
+    if source.is_gguf or native:
+        return NativeRunner(load_native(source, dtype), max_len)
     from specdec.models.hf_backend import TransformersRunner, load_transformers
 
-    return TransformersRunner(load_transformers(folder, dtype), max_len)
+    return TransformersRunner(load_transformers(source.path, dtype), max_len)
 
 
 def eos_token_ids(folder: str | Path) -> tuple[int, ...]:
-    folder = Path(folder)
-    gen_cfg = folder / "generation_config.json"
-    eos = None
-    if gen_cfg.is_file():
-        eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
-    if eos is None:
-        eos = read_hf_config(folder).get("eos_token_id")
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, list) else (eos,)
+    return open_model(folder).eos_token_ids()
 
 
 def head_proposer(method: str, folder: Path, target_runner, tree_nodes: int | None):
@@ -85,6 +82,27 @@ class SpecDecoder:
     @property
     def method(self) -> str:
         return self.engine.method
+
+    @property
+    def speculative(self) -> bool:
+        return self.engine.method != "none"
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.target.vocab_size
+
+    @property
+    def context_window(self) -> int:
+        return self.engine.context_window
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """Largest number of drafted tokens (tree nodes for tree methods) one step may verify."""
+        return self.engine.max_draft_tokens if self.speculative else 0
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the target and draft models (weights and KV caches)."""
+        return self.engine.memory_bytes()
 
     @staticmethod
     def sampling_params(**sampling) -> SamplingParams:
@@ -140,7 +158,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     elif method == "ngram":
         proposer = PromptLookupProposer()
     elif method in ("medusa", "eagle"):
-        if not getattr(target_runner, "supports_tree", False):
+        if not target_runner.supports_tree:
             raise SpecdecError(f"method {method!r} needs the native runtime (llama, mistral, qwen2)")
         if draft is None and target is not None:
             raise SpecdecError(f"method {method!r} needs a {method} head folder (--draft DIR): none is "

@@ -4,7 +4,7 @@ text), with the `transformers` peer (plain, assisted generation, prompt lookup) 
 checkpoints and prompts. Speedups are ratios to `none` measured in the same run."""
 from __future__ import annotations
 
-import ast
+import argparse
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -12,18 +12,17 @@ from pathlib import Path
 
 import torch
 
+from specdec.api import SpecDecoder, load
+from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.cli_common import add_checkpoint_args, add_threads_arg, apply_threads
 from specdec.errors import SpecdecError
+from specdec.extras import require
+from specdec.models.runner import tensor_bytes
+from specdec.prompts import TASKS, build_suite
+from specdec.stats import GenerationStats
 
 SPECDEC_METHODS = ("none", "draft", "ngram", "medusa", "eagle")
 PEER_METHODS = ("hf", "hf-assisted", "hf-lookup")
-TASKS = ("code", "edit", "freetext")
-
-
-@dataclass
-class Prompt:
-    task: str
-    name: str
-    text: str
 
 
 @dataclass
@@ -42,76 +41,17 @@ class Row:
     model_memory_mb: float | None = None
 
 
-def _functions(path: Path) -> list[tuple[str, str]]:
-    """(header through the signature line, full source) of top-level functions/methods."""
-    source = path.read_text(encoding="utf-8", errors="replace")
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []
-    lines = source.splitlines(keepends=True)
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno >= 6:
-            body_start = node.body[0].lineno - 1
-            start = node.lineno - 1 - len(node.decorator_list)
-            out.append(("".join(lines[max(0, start - 12):body_start]), "".join(lines[start:node.end_lineno])))
-    return out
-
-
-def build_suite(per_task: int = 3) -> list[Prompt]:
-    """Deterministic prompts from the held-out stdlib files (never trained on)."""
-    from specdec.train.corpus import split_files, stdlib_root
-
-    _, held = split_files(stdlib_root())
-    funcs = [(p.name, h, s) for p in held for h, s in _functions(p)]
-    if not funcs:
-        raise SpecdecError("no held-out functions found to build the benchmark prompts")
-    step = max(1, len(funcs) // (3 * per_task))
-    picked = funcs[::step]
-    prompts = []
-    for name, header, _ in picked[:per_task]:
-        prompts.append(Prompt("code", name, header[-1200:]))
-    for name, _, src in picked[per_task:2 * per_task]:
-        first_line = src.splitlines(keepends=True)[0]
-        body = src[:1500]
-        prompts.append(Prompt("edit", name, f"{body}\n\n# Copy of the function above, unchanged:\n{first_line}"))
-    for name, _, src in picked[2 * per_task:3 * per_task]:
-        prompts.append(Prompt("freetext", name, f"{src[-600:]}\n\n# Notes\n#\n# This module is used to"))
-    return prompts
-
-
-def _model_memory_mb(*runners) -> float:
-    total = 0
-    for r in runners:
-        model = r.model
-        seen = set()
-        for t in list(model.parameters()) + list(model.buffers()):
-            if t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
-                total += t.numel() * t.element_size()
-        cache = getattr(r, "cache", None)
-        for buf in getattr(cache, "keys", []) + getattr(cache, "values", []):
-            if torch.is_tensor(buf):
-                total += buf.numel() * buf.element_size()
-    return total / 2**20
-
-
 class SpecdecRunner:
-    def __init__(self, decoder):
+    def __init__(self, decoder: SpecDecoder):
         self.decoder = decoder
-        decoder.engine.eos_ids = set()  # every run produces exactly max_new_tokens
 
     def memory_mb(self) -> float:
-        runners = [self.decoder.engine.target]
-        proposer = self.decoder.engine.proposer
-        if proposer is not None and hasattr(proposer, "runner"):
-            runners.append(proposer.runner)
-        return _model_memory_mb(*runners)
+        return self.decoder.memory_bytes() / 2**20
 
-    def run(self, prompt: str, temperature: float, max_new: int, seed: int):
-        r = self.decoder.generate(prompt, temperature=temperature, max_new_tokens=max_new, seed=seed)
-        return r.stats
+    def run(self, prompt: str, temperature: float, max_new: int, seed: int) -> GenerationStats:
+        # ignore_eos: every run produces exactly max_new tokens, so all methods do the same work
+        return self.decoder.generate(prompt, temperature=temperature, max_new_tokens=max_new, seed=seed,
+                                     ignore_eos=True).stats
 
 
 class PeerRunner:
@@ -126,17 +66,12 @@ class PeerRunner:
         self.tokenizer = tokenizer
 
     def memory_mb(self) -> float:
-        class _R:  # weights only: transformers' dynamic caches are transient
-            def __init__(self, model):
-                self.model = model
-
-        runners = [_R(self.model)] + ([_R(self.assistant)] if self.assistant is not None else [])
-        return _model_memory_mb(*runners)
+        """Weights only: transformers' dynamic caches are transient."""
+        models = [self.model] + ([self.assistant] if self.assistant is not None else [])
+        return sum(tensor_bytes([*m.parameters(), *m.buffers()]) for m in models) / 2**20
 
     @torch.inference_mode()
-    def run(self, prompt: str, temperature: float, max_new: int, seed: int):
-        from specdec.engine import GenerationStats
-
+    def run(self, prompt: str, temperature: float, max_new: int, seed: int) -> GenerationStats:
         ids = torch.tensor([self.tokenizer.encode(prompt)])
         kw = dict(max_new_tokens=max_new, min_new_tokens=max_new, eos_token_id=None, pad_token_id=0,
                   attention_mask=torch.ones_like(ids), do_sample=temperature > 0)
@@ -168,10 +103,6 @@ def cost_model_bound(stats, plain_seconds_per_token: float) -> float | None:
 def run_bench(methods: list[str], temperatures: list[float], tasks: list[str], target: str | None,
               draft: str | None, max_new_tokens: int, per_task: int, draft_tokens: int | None,
               dtype: str = "float32", heads: dict | None = None, repeats: int = 1, log=print) -> list[Row]:
-    import specdec
-    from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
-    from specdec.engine import GenerationStats
-
     target_dir = Path(target) if target else DEFAULT_TARGET
     draft_dir = Path(draft) if draft else (DEFAULT_DRAFT if target is None else None)
     heads = heads or {}
@@ -184,12 +115,12 @@ def run_bench(methods: list[str], temperatures: list[float], tasks: list[str], t
             raise SpecdecError(f"bad method {m!r}: use NAME or NAME:K with an integer K")
         if base in SPECDEC_METHODS:
             drafter = {"draft": draft, "medusa": heads.get("medusa"), "eagle": heads.get("eagle")}.get(base)
-            runners[m] = SpecdecRunner(specdec.load(target=target, draft=drafter, method=base, dtype=dtype,
-                                                    draft_tokens=k))
+            runners[m] = SpecdecRunner(load(target=target, draft=drafter, method=base, dtype=dtype,
+                                            draft_tokens=k))
         elif base in PEER_METHODS and not fixed:
             if m == "hf-assisted" and draft_dir is None:
                 raise SpecdecError("hf-assisted needs a draft model (--draft)")
-            tok = specdec.load(target=target).tokenizer
+            tok = load(target=target).tokenizer
             runners[m] = PeerRunner(m, target_dir, draft_dir, tok)
         else:
             raise SpecdecError(f"unknown bench method {m!r}; choose from "
@@ -228,26 +159,25 @@ def run_bench(methods: list[str], temperatures: list[float], tasks: list[str], t
     return rows
 
 
-def print_table(rows: list[Row]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _fmt(value: float | None, spec: str = "{:.2f}") -> str:
+    return "-" if value is None else spec.format(value)
 
+
+def print_table(rows: list[Row]) -> None:
+    Table = require("rich.table", "bench", "the bench table").Table
     table = Table(title="specdec bench (speedup = tokens/s ratio to `none` in the same run)")
     for col in ("task", "T", "method", "tok/s", "speedup", "mean acc. len", "acc. rate", "mean K",
                 "bound", "mem MB"):
         table.add_column(col, justify="right")
-    fmt = lambda v, f="{:.2f}": "-" if v is None else f.format(v)
     for r in rows:
-        table.add_row(r.task, f"{r.temperature:g}", r.method, fmt(r.tokens_per_second, "{:.1f}"),
-                      fmt(r.speedup), fmt(r.mean_accepted_length), fmt(r.acceptance_rate),
-                      fmt(r.mean_draft_tokens), fmt(r.cost_model_bound), fmt(r.model_memory_mb, "{:.0f}"))
-    Console().print(table)
+        table.add_row(r.task, f"{r.temperature:g}", r.method, _fmt(r.tokens_per_second, "{:.1f}"),
+                      _fmt(r.speedup), _fmt(r.mean_accepted_length), _fmt(r.acceptance_rate),
+                      _fmt(r.mean_draft_tokens), _fmt(r.cost_model_bound), _fmt(r.model_memory_mb, "{:.0f}"))
+    require("rich.console", "bench", "the bench table").Console().print(table)
 
 
 def plot(rows: list[Row], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+    require("matplotlib", "bench", "--plot").use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
     tasks = sorted({r.task for r in rows}, key=TASKS.index)
@@ -276,7 +206,16 @@ def _floats(text: str) -> list[float]:
         raise SpecdecError(f"--temperatures must be comma-separated numbers, got {text!r}") from None
 
 
-def cmd_bench(args) -> int:
+def check_extras(methods: list[str], plot_path: str | None) -> None:
+    """Fail before a long run, not at its end, when a package for the output is missing."""
+    require("rich.table", "bench", "the bench table")
+    if plot_path:
+        require("matplotlib", "bench", "--plot")
+    if any(m in PEER_METHODS for m in methods):
+        require("transformers", "bench", "the transformers peer (hf, hf-assisted, hf-lookup)")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     for t in tasks:
@@ -287,8 +226,8 @@ def cmd_bench(args) -> int:
     temps = _floats(args.temperatures)
     if any(t < 0 for t in temps):
         raise SpecdecError("temperatures must be >= 0")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    check_extras(methods, args.plot)
+    apply_threads(args)
     rows = run_bench(methods, temps, tasks, args.target, args.draft, args.max_new_tokens, args.prompts,
                      args.draft_tokens, args.dtype, {"medusa": args.medusa, "eagle": args.eagle},
                      args.repeats)
@@ -308,16 +247,15 @@ def add_parser(sub) -> None:
     b.add_argument("--methods", default="none,draft,ngram,medusa,eagle,hf,hf-assisted,hf-lookup")
     b.add_argument("--temperatures", default="0,0.7,1.0")
     b.add_argument("--tasks", default="code,edit,freetext")
-    b.add_argument("--target")
-    b.add_argument("--draft")
+    add_checkpoint_args(b, draft_help="draft model for draft and hf-assisted (default: the bundled one "
+                                      "for the bundled target)")
     b.add_argument("--medusa", help="Medusa heads folder (default: bundled, for the bundled target)")
     b.add_argument("--eagle", help="EAGLE head folder (default: bundled, for the bundled target)")
-    b.add_argument("--dtype", default="float32")
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--prompts", type=int, default=3, help="prompts per task")
     b.add_argument("--repeats", type=int, default=1, help="passes over the prompts (methods take turns)")
     b.add_argument("--draft-tokens", type=int, default=None, help="fixed K (default adaptive)")
-    b.add_argument("--threads", type=int, default=0)
+    add_threads_arg(b)
     b.add_argument("--json")
     b.add_argument("--plot")
     b.set_defaults(func=cmd_bench)

@@ -7,6 +7,20 @@ target forward over K+1 tokens + K draft tokens + per-step overhead, all measure
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from specdec.stats import StepRecord
+
+
+class Controller(Protocol):
+    """Chooses each step's draft budget (K tokens for chains, nodes for trees; 0 = plain step)
+    and learns from what the step measured."""
+
+    def start_sequence(self) -> None: ...
+
+    def choose(self, limit: int) -> int: ...
+
+    def observe(self, step: StepRecord) -> None: ...
 
 
 def screen_timing(new: float, estimate: float) -> tuple[float, bool]:
@@ -112,9 +126,9 @@ class DraftLengthController:
             return min(self.probe_k, upper)
         return 0
 
-    def observe(self, chosen: int, k: int, num_accepted: int, target_seconds: float,
-                draft_seconds: float, overhead_seconds: float) -> None:
-        """chosen: the K asked for; k: tokens actually drafted."""
+    def observe(self, step: StepRecord) -> None:
+        k, target_seconds, overhead_seconds = step.drafted, step.target_seconds, step.other_seconds
+
         def ema(old: float | None, new: float) -> float:
             if old is None:
                 return new
@@ -131,9 +145,9 @@ class DraftLengthController:
             for old_k, at in list(self.last_drafted.items()):
                 if self.speculative_steps - at > self.stale_after:
                     del self.last_drafted[old_k], self.target_seconds[old_k]
-            self.draft_seconds_per_token = ema(self.draft_seconds_per_token, draft_seconds / k)
-            self.accepted_count = self.decay * self.accepted_count + num_accepted
-            self.rejected_count = self.decay * self.rejected_count + (1 if num_accepted < k else 0)
+            self.draft_seconds_per_token = ema(self.draft_seconds_per_token, step.draft_seconds / k)
+            self.accepted_count = self.decay * self.accepted_count + step.accepted
+            self.rejected_count = self.decay * self.rejected_count + (1 if step.accepted < k else 0)
 
 
 @dataclass
@@ -194,16 +208,16 @@ class TreeSizeController:
                 return neighbours[self.probes % len(neighbours)]
         return best
 
-    def observe(self, chosen: int, k: int, num_accepted: int, target_seconds: float,
-                draft_seconds: float, overhead_seconds: float) -> None:
+    def observe(self, step: StepRecord) -> None:
+        chosen = step.budget
         if chosen == 0:
             self.since_plain = 0
-        seconds = target_seconds + draft_seconds + overhead_seconds
+        seconds = step.target_seconds + step.draft_seconds + step.other_seconds
         if chosen in self.weight:
             seconds, drop_old = screen_timing(seconds, self.seconds[chosen] / self.weight[chosen])
             if drop_old:
                 for table in (self.tokens, self.seconds, self.weight):
                     table[chosen] = 0.0
         self.samples[chosen] = self.samples.get(chosen, 0) + 1
-        for table, value in ((self.tokens, num_accepted + 1.0), (self.seconds, seconds), (self.weight, 1.0)):
+        for table, value in ((self.tokens, step.accepted + 1.0), (self.seconds, seconds), (self.weight, 1.0)):
             table[chosen] = self.decay * table.get(chosen, 0.0) + value

@@ -7,86 +7,28 @@ the next step (so its logits come out of the same pass that scores the drafts)."
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
-from specdec.controller import DraftLengthController, TreeSizeController
+from specdec.controller import Controller, DraftLengthController, TreeSizeController
 from specdec.errors import SpecdecError
+from specdec.models.runner import Runner
 from specdec.proposers.base import Proposal, Proposer
 from specdec.sampling import SamplingParams, final_probs, make_generator
+from specdec.stats import GenerationStats, StepRecord
 from specdec.text import TextStream, TextTokenizer
-from specdec.verify import (TorchRandom, tree_attention_mask, tree_depths, verify_greedy, verify_rejection,
-                            verify_tree_greedy, verify_tree_sampling, verify_tree_typical)
-
-
-@dataclass
-class GenerationStats:
-    method: str
-    lossy: bool = False  # True only with typical acceptance at T > 0
-    new_tokens: int = 0
-    target_forwards: int = 0  # decoding passes (the prompt's prefill pass is not counted)
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    accepted_length_histogram: list[int] = field(default_factory=list)  # steps by drafts kept
-    draft_tokens_per_step: list[int] = field(default_factory=list)  # K chosen each step
-    prefill_seconds: float = 0.0
-    draft_seconds: float = 0.0
-    target_seconds: float = 0.0
-    other_seconds: float = 0.0
-    wall_seconds: float = 0.0
-
-    @property
-    def speculative(self) -> bool:
-        return self.method != "none"
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        if not self.speculative:
-            return None
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float | None:
-        """Tokens produced per target forward (accepted drafts + the target's own token)."""
-        if not self.speculative:
-            return None
-        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
-
-    def record_step(self, drafted: int, accepted: int) -> None:
-        self.target_forwards += 1
-        self.drafted_tokens += drafted
-        self.accepted_tokens += accepted
-        self.draft_tokens_per_step.append(drafted)
-        if len(self.accepted_length_histogram) <= accepted:
-            self.accepted_length_histogram.extend([0] * (accepted + 1 - len(self.accepted_length_histogram)))
-        self.accepted_length_histogram[accepted] += 1
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("draft_tokens_per_step")
-        d.update(acceptance_rate=self.acceptance_rate, mean_accepted_length=self.mean_accepted_length,
-                 tokens_per_second=self.tokens_per_second)
-        return d
-
-    @staticmethod
-    def merge(all_stats: list["GenerationStats"]) -> "GenerationStats":
-        out = GenerationStats(all_stats[0].method, lossy=any(s.lossy for s in all_stats))
-        for s in all_stats:
-            for name in ("new_tokens", "target_forwards", "drafted_tokens", "accepted_tokens",
-                         "prefill_seconds", "draft_seconds", "target_seconds", "other_seconds",
-                         "wall_seconds"):
-                setattr(out, name, getattr(out, name) + getattr(s, name))
-            for i, c in enumerate(s.accepted_length_histogram):
-                if len(out.accepted_length_histogram) <= i:
-                    out.accepted_length_histogram.append(0)
-                out.accepted_length_histogram[i] += c
-        return out
+from specdec.verify import (
+    TorchRandom,
+    tree_attention_mask,
+    tree_depths,
+    verify_greedy,
+    verify_rejection,
+    verify_tree_greedy,
+    verify_tree_sampling,
+    verify_tree_typical,
+)
 
 
 @dataclass
@@ -99,7 +41,8 @@ class GenerationResult:
 
 
 @dataclass
-class StepOutcome:
+class Verified:
+    """What the target's pass kept of one proposal."""
     new_tokens: list[int]  # accepted drafts + the target's own token
     num_accepted: int
     kept: list[int]  # rows of the verify pass that stay in the cache
@@ -111,25 +54,55 @@ class StreamChunk:
     text: str  # new text since the previous chunk
     token_ids: list[int]  # new token ids since the previous chunk
     result: GenerationResult | None = None  # set on the last chunk
+    step: StepRecord | None = None  # the decode step that produced this chunk, if any
+
+
+@dataclass
+class Sequence:
+    """One generation in progress: everything the step loop carries from one step to the next.
+    (The batched engine will hold one of these per slot.)"""
+    prompt_ids: list[int]
+    params: SamplingParams
+    controller: Controller
+    generator: torch.Generator
+    rng: TorchRandom
+    text: TextStream
+    stats: GenerationStats
+    started_at: float
+    context: list[int]  # prompt + generated; the target cache holds all but its last token
+    generated: list[int]
+    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length" once done
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_new_tokens - len(self.generated)
 
 
 class Engine:
-    def __init__(self, target, tokenizer: TextTokenizer, proposer: Proposer | None = None,
+    def __init__(self, target: Runner, tokenizer: TextTokenizer, proposer: Proposer | None = None,
                  method: str = "none", eos_ids: tuple[int, ...] = (), max_draft_tokens: int = 8,
                  fixed_draft_tokens: int | None = None, typical_acceptance: bool = False):
         self.target = target
         self.tokenizer = tokenizer
         self.proposer = proposer
         self.method = method
-        self.eos_ids = set(eos_ids)
+        self.eos_ids = frozenset(eos_ids)
         self.max_draft_tokens = max_draft_tokens
         self.fixed_draft_tokens = fixed_draft_tokens
         self.typical_acceptance = typical_acceptance  # LOSSY tree acceptance, off by default
-        self._controllers: dict = {}
+        self._controllers: dict[tuple, Controller] = {}
 
     @property
     def context_window(self) -> int:
         return self.target.max_len
+
+    @property
+    def needs_hidden(self) -> bool:
+        return self.proposer is not None and self.proposer.needs_hidden
+
+    def memory_bytes(self) -> int:
+        """Weights and caches of the target and the drafter."""
+        return self.target.memory_bytes() + (self.proposer.memory_bytes() if self.proposer is not None else 0)
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -142,7 +115,7 @@ class Engine:
                                f"{self.context_window} tokens (room is needed for at least one new token)")
         return ids
 
-    def controller_for(self, params: SamplingParams):
+    def controller_for(self, params: SamplingParams) -> Controller:
         """One controller per sampling setting, kept across generations: measured costs carry
         over, and acceptance (which depends on temperature and filters) is tracked apart."""
         key = (params.temperature, params.top_k, params.top_p, params.min_p)
@@ -152,18 +125,95 @@ class Engine:
             self._controllers[key] = self.new_controller()
         return self._controllers[key]
 
-    def new_controller(self):
+    def new_controller(self) -> Controller:
         if self.proposer is not None and self.proposer.shape == "tree":
             return TreeSizeController(self.proposer.tree_sizes, fixed_size=self.fixed_draft_tokens)
         return DraftLengthController(max_k=self.max_draft_tokens, fixed_k=self.fixed_draft_tokens)
 
+    # ---------------------------------------------------------------- one generation
+    def start(self, prompt: str | list[int], params: SamplingParams) -> Sequence:
+        """Reset the caches and prefill the prompt (all but its last token)."""
+        prompt_ids = self.encode_prompt(prompt)
+        started_at = time.perf_counter()
+        generator = make_generator(params.seed)
+        controller = self.controller_for(params)
+        controller.start_sequence()
+        seq = Sequence(prompt_ids, params, controller, generator, TorchRandom(generator),
+                       TextStream(self.tokenizer, params.stop),
+                       GenerationStats(self.method, lossy=self.typical_acceptance and not params.greedy),
+                       started_at, context=list(prompt_ids), generated=[])
+        self.target.reset()
+        if self.proposer is not None:
+            self.proposer.reset(prompt_ids)
+        if len(prompt_ids) > 1:
+            self.target.extend(prompt_ids[:-1], want_hidden=self.needs_hidden)
+            if self.needs_hidden:
+                self.proposer.observe_target(self.target.last_hidden, prefill=True)
+        seq.stats.prefill_seconds = time.perf_counter() - started_at
+        return seq
+
+    def step(self, seq: Sequence) -> StepRecord:
+        """One decode step: choose K, draft, verify in one target pass, emit the kept tokens.
+        Sets seq.finish_reason when the generation is over."""
+        t0 = time.perf_counter()
+        room = self.target.max_len - len(seq.context)  # cache room left after the fed tokens
+        budget = self._choose_budget(seq, room)
+        proposal = (self.proposer.propose(seq.context, budget, seq.params, seq.generator) if budget > 0
+                    else Proposal([]))
+        t1 = time.perf_counter()
+        verify = self._verify_chain if proposal.parents is None else self._verify_tree
+        verified = verify(seq.context[-1], proposal, seq.params, seq.rng)
+        if self.needs_hidden:
+            self.proposer.observe_target(self.target.last_hidden[verified.kept])
+        new, hit_eos = self._cut(verified.new_tokens, seq)
+        seq.context.extend(new)
+        seq.generated.extend(new)
+        text = seq.text.push(new)
+        stopped = hit_eos or seq.text.stopped
+        step = StepRecord(budget=budget, drafted=len(proposal.tokens), accepted=verified.num_accepted,
+                          new_tokens=tuple(new), text=text,
+                          draft_seconds=t1 - t0 - proposal.sync_seconds, sync_seconds=proposal.sync_seconds,
+                          target_seconds=verified.target_seconds,
+                          other_seconds=time.perf_counter() - t1 - verified.target_seconds, stopped=stopped)
+        if self.proposer is not None:
+            seq.controller.observe(step)
+        seq.stats.add(step)
+        if stopped:
+            seq.finish_reason = "stop"
+        elif seq.remaining <= 0 or self.target.max_len - len(seq.context) <= 0:
+            seq.finish_reason = "length"
+        return step
+
+    def finish(self, seq: Sequence) -> tuple[GenerationResult, str]:
+        """The result, and the text held back until now (an incomplete character, a possible
+        stop-string prefix) that the caller has not seen yet."""
+        tail = seq.text.finish()
+        seq.stats.wall_seconds = time.perf_counter() - seq.started_at
+        return GenerationResult(seq.text.emitted, seq.generated, seq.finish_reason or "length", seq.stats,
+                                len(seq.prompt_ids)), tail
+
+    def _choose_budget(self, seq: Sequence, room: int) -> int:
+        if self.proposer is None or (self.needs_hidden and self.target.length == 0):
+            return 0  # no drafter, or a feature drafter before any target features exist
+        if self.proposer.shape == "tree":
+            return seq.controller.choose(room - 1)
+        return seq.controller.choose(min(seq.remaining - 1, room - 1))
+
+    def _cut(self, tokens: list[int], seq: Sequence) -> tuple[list[int], bool]:
+        """Tokens up to and including the first EOS, and at most the tokens still allowed."""
+        tokens = tokens[:seq.remaining]
+        if not seq.params.ignore_eos:
+            for i, token in enumerate(tokens):
+                if token in self.eos_ids:
+                    return tokens[:i + 1], True
+        return tokens, False
+
     def _target_pass(self, ids: list[int], **kwargs) -> tuple[torch.Tensor, float]:
         t0 = time.perf_counter()
-        logits = self.target.extend(ids, want_hidden=self.proposer is not None and self.proposer.needs_hidden,
-                                    **kwargs)
+        logits = self.target.extend(ids, want_hidden=self.needs_hidden, **kwargs)
         return logits, time.perf_counter() - t0
 
-    def _verify_chain(self, last: int, proposal: Proposal, params: SamplingParams, rng: TorchRandom):
+    def _verify_chain(self, last: int, proposal: Proposal, params: SamplingParams, rng: TorchRandom) -> Verified:
         """Score [last] + drafts in one pass; keep the accepted prefix in the cache."""
         drafts, start = proposal.tokens, self.target.length
         logits, seconds = self._target_pass([last] + drafts)
@@ -174,9 +224,9 @@ class Engine:
             verdict = verify_rejection(drafts, proposal.draft_probs, target_probs, rng)
         n = verdict.num_accepted
         self.target.rollback(start + 1 + n)
-        return StepOutcome(drafts[:n] + [verdict.next_token], n, list(range(n + 1)), seconds)
+        return Verified(drafts[:n] + [verdict.next_token], n, list(range(n + 1)), seconds)
 
-    def _verify_tree(self, last: int, proposal: Proposal, params: SamplingParams, rng: TorchRandom):
+    def _verify_tree(self, last: int, proposal: Proposal, params: SamplingParams, rng: TorchRandom) -> Verified:
         """Score [last] + tree nodes in one pass with a tree mask; keep only the accepted path."""
         drafts, parents, start = proposal.tokens, proposal.parents, self.target.length
         depths = torch.tensor([0] + tree_depths(parents))
@@ -191,8 +241,9 @@ class Engine:
             verdict = verify_tree_sampling(drafts, parents, target_probs, rng, proposal.draft_probs, proposal.draws)
         kept = [0] + [1 + i for i in verdict.path]
         self.target.keep(start, kept)
-        return StepOutcome([drafts[i] for i in verdict.path] + [verdict.next_token], len(verdict.path), kept, seconds)
+        return Verified([drafts[i] for i in verdict.path] + [verdict.next_token], len(verdict.path), kept, seconds)
 
+    # ---------------------------------------------------------------- the loop
     def generate(self, prompt: str | list[int], params: SamplingParams) -> GenerationResult:
         result = None
         for chunk in self.stream(prompt, params):
@@ -200,70 +251,18 @@ class Engine:
         return result
 
     def stream(self, prompt: str | list[int], params: SamplingParams) -> Iterator[StreamChunk]:
-        prompt_ids = self.encode_prompt(prompt)
-        generator = make_generator(params.seed)
-        rng = TorchRandom(generator)
-        stats = GenerationStats(self.method, lossy=self.typical_acceptance and not params.greedy)
-        controller = self.controller_for(params)
-        controller.start_sequence()
-        text = TextStream(self.tokenizer, params.stop)
-        t_start = time.perf_counter()
-        target, proposer = self.target, self.proposer
-        needs_hidden = proposer is not None and proposer.needs_hidden
-        target.reset()
-        if proposer is not None:
-            proposer.reset(prompt_ids)
-        context = list(prompt_ids)
-        if len(context) > 1:
-            target.extend(context[:-1], want_hidden=needs_hidden)
-            if needs_hidden:
-                proposer.observe_target(target.last_hidden, prefill=True)
-        stats.prefill_seconds = time.perf_counter() - t_start
-        generated: list[int] = []
-        finish = "length"
-        pending_text, pending_ids = "", []
-        while True:
-            remaining = params.max_new_tokens - len(generated)
-            room = target.max_len - len(context)  # cache room left after the fed tokens
-            if remaining <= 0 or room <= 0:
+        """A chunk per step; the last chunk carries the result (and, when EOS or a stop string
+        ended the generation, that step's tokens)."""
+        seq = self.start(prompt, params)
+        last_step = None
+        while seq.finish_reason is None:
+            step = self.step(seq)
+            if step.stopped:
+                last_step = step
                 break
-            t0 = time.perf_counter()
-            k = 0
-            if proposer is not None and (not needs_hidden or target.length > 0):
-                is_tree = proposer.shape == "tree"
-                k = controller.choose(room - 1 if is_tree else min(remaining - 1, room - 1))
-            proposal = proposer.propose(context, k, params, generator) if k > 0 else Proposal([])
-            drafts = proposal.tokens
-            t1 = time.perf_counter()
-            verify = self._verify_chain if proposal.parents is None else self._verify_tree
-            step = verify(context[-1], proposal, params, rng)
-            new, num_accepted, target_seconds = step.new_tokens, step.num_accepted, step.target_seconds
-            if needs_hidden:
-                proposer.observe_target(target.last_hidden[step.kept])
-            stats.record_step(len(drafts), num_accepted)
-            hit_eos = False
-            for i, tok in enumerate(new):
-                if tok in self.eos_ids:
-                    new, hit_eos = new[:i + 1], True
-                    break
-            new = new[:remaining]
-            context.extend(new)
-            generated.extend(new)
-            delta = text.push(new)
-            t3 = time.perf_counter()
-            if proposer is not None:
-                controller.observe(k, len(drafts), num_accepted, target_seconds, t1 - t0 - proposal.sync_seconds,
-                                   t3 - t1 - target_seconds)
-            stats.draft_seconds += t1 - t0
-            stats.target_seconds += target_seconds
-            stats.other_seconds += t3 - t1 - target_seconds
-            if hit_eos or text.stopped:
-                finish = "stop"
-                pending_text, pending_ids = delta, new
-                break
-            yield StreamChunk(delta, new)
-        stats.new_tokens = len(generated)
-        stats.wall_seconds = time.perf_counter() - t_start
-        pending_text += text.finish()
-        result = GenerationResult(text.emitted, generated, finish, stats, len(prompt_ids))
-        yield StreamChunk(pending_text, pending_ids, result)
+            yield StreamChunk(step.text, list(step.new_tokens), step=step)
+        result, tail = self.finish(seq)
+        if last_step is None:
+            yield StreamChunk(tail, [], result)
+        else:
+            yield StreamChunk(last_step.text + tail, list(last_step.new_tokens), result, step=last_step)

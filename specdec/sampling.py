@@ -2,7 +2,11 @@
 
 The verifier applies exactly this transform to both target and draft logits, so rejection
 sampling is lossless with respect to what the user asked for (temperature, top-k, top-p,
-min-p), not just the raw softmax."""
+min-p), not just the raw softmax.
+
+The accepted range of each numeric field is data (SAMPLING_BOUNDS): `validate` checks it here
+and the server's request parser checks the same table, so the two can never disagree. Every
+value in range gives a finite distribution (see final_probs)."""
 from __future__ import annotations
 
 import math
@@ -11,6 +15,64 @@ from dataclasses import dataclass
 import torch
 
 from specdec.errors import SpecdecError
+
+
+def is_integer(x) -> bool:
+    """An int that is not a bool (JSON true is not 1)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _shown(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values one numeric parameter accepts: [low, high], or (low, high] when low_open,
+    finite numbers only. `requirement` is the phrase error messages use ("must be ...")."""
+    low: float
+    high: float | None = None  # None: no upper bound
+    low_open: bool = False
+    integer: bool = False
+    note: str = ""  # appended to the requirement, e.g. "0 = off"
+    text: str = ""  # the requirement in words, when the generated one reads badly
+
+    def accepts(self, value) -> bool:
+        if not (is_integer(value) if self.integer else is_number(value)):
+            return False
+        if not self.integer:
+            try:
+                value = float(value)
+            except OverflowError:  # an integer too large for a float
+                return False
+            if not math.isfinite(value):
+                return False
+        above_low = value > self.low if self.low_open else value >= self.low
+        return above_low and (self.high is None or value <= self.high)
+
+    @property
+    def requirement(self) -> str:
+        if self.text:
+            return self.text
+        kind = "an integer" if self.integer else "a number" if self.high is not None else "a finite number"
+        if self.high is None:
+            words = f"{kind} {'>' if self.low_open else '>='} {_shown(self.low)}"
+        else:
+            words = f"{kind} in {'(' if self.low_open else '['}{_shown(self.low)}, {_shown(self.high)}]"
+        return f"{words} ({self.note})" if self.note else words
+
+
+SAMPLING_BOUNDS: dict[str, Bounds] = {
+    "temperature": Bounds(0.0),  # 0 = greedy
+    "top_k": Bounds(0, integer=True, note="0 = off"),
+    "top_p": Bounds(0.0, 1.0, low_open=True),
+    "min_p": Bounds(0.0, 1.0),
+    "max_new_tokens": Bounds(1, integer=True),
+}
 
 
 @dataclass(frozen=True)
@@ -22,6 +84,7 @@ class SamplingParams:
     max_new_tokens: int = 128
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # keep generating past EOS (benchmarks: every run makes max_new_tokens)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -31,23 +94,15 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 def validate(p: SamplingParams) -> None:
-    if not _is_number(p.temperature) or not math.isfinite(p.temperature) or p.temperature < 0:
-        raise SpecdecError(f"temperature must be a finite number >= 0, got {p.temperature!r}")
-    if not isinstance(p.top_k, int) or isinstance(p.top_k, bool) or p.top_k < 0:
-        raise SpecdecError(f"top_k must be an integer >= 0 (0 = off), got {p.top_k!r}")
-    if not _is_number(p.top_p) or not (0 < p.top_p <= 1):
-        raise SpecdecError(f"top_p must be in (0, 1], got {p.top_p!r}")
-    if not _is_number(p.min_p) or not (0 <= p.min_p <= 1):
-        raise SpecdecError(f"min_p must be in [0, 1], got {p.min_p!r}")
-    if not isinstance(p.max_new_tokens, int) or isinstance(p.max_new_tokens, bool) or p.max_new_tokens < 1:
-        raise SpecdecError(f"max_new_tokens must be an integer >= 1, got {p.max_new_tokens!r}")
-    if p.seed is not None and (not isinstance(p.seed, int) or isinstance(p.seed, bool)):
+    for name, bounds in SAMPLING_BOUNDS.items():
+        value = getattr(p, name)
+        if not bounds.accepts(value):
+            raise SpecdecError(f"{name} must be {bounds.requirement}, got {value!r}")
+    if p.seed is not None and not is_integer(p.seed):
         raise SpecdecError(f"seed must be an integer, got {p.seed!r}")
+    if not isinstance(p.ignore_eos, bool):
+        raise SpecdecError(f"ignore_eos must be true or false, got {p.ignore_eos!r}")
     for s in p.stop:
         if not isinstance(s, str) or not s:
             raise SpecdecError(f"stop strings must be non-empty strings, got {s!r}")
@@ -55,21 +110,37 @@ def validate(p: SamplingParams) -> None:
 
 def final_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Final distribution over the last dimension. Greedy gives a one-hot on the argmax.
-    Computed in float64 when the logits are float64, else float32."""
+    Computed in float64 when the logits are float64, else float32.
+
+    Finite for every value validate() accepts, however extreme:
+    - logits are shifted so that the largest is 0 before the division, so a tiny temperature
+      sends the others to -inf (the limit T -> 0+: all mass on the argmax, ties split) rather
+      than overflowing to inf - inf = NaN;
+    - the temperature is clamped into the dtype's normal range: in float32 a temperature
+      below 1.2e-38 would round to 0 (0/0) and one above 3.4e38 to inf (-inf/inf); the result
+      is the same limit either way;
+    - top-k masks before the division (the ranking is the same at any T > 0), so a huge
+      temperature cannot merge the k-th logit with the ones below it;
+    - top-p ranks tokens by logit and always keeps the first, also when top_p rounds to 0 in
+      float32 or a huge temperature makes the probabilities equal."""
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     logits = logits.to(dtype)
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(dtype)
-    logits = logits / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+    limits = torch.finfo(dtype)
+    temperature = min(max(params.temperature, limits.tiny), limits.max)
+    probs = torch.softmax((logits - logits.amax(-1, keepdim=True)) / temperature, dim=-1)
     if params.top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        # keep a token if the mass strictly before it is < top_p (the first always stays)
+        # most probable first, ranked by logit: a huge temperature rounds probabilities to ties
+        order = logits.argsort(dim=-1, descending=True)
+        sorted_p = probs.gather(-1, order)
+        # keep a token if the mass strictly before it is < top_p; the first always stays
         before = sorted_p.cumsum(-1) - sorted_p
         drop_sorted = before >= params.top_p
+        drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
     if params.min_p > 0.0:

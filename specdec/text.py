@@ -2,22 +2,17 @@
 it is complete UTF-8 and cannot be the start of a stop string."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from tokenizers import Tokenizer
-
-from specdec.errors import SpecdecError
+from specdec.models.checkpoint import ModelSource, open_model
 
 
 class TextTokenizer:
-    def __init__(self, folder: str | Path):
-        path = Path(folder) / "tokenizer.json"
-        if not path.is_file():
-            raise SpecdecError(f"{str(folder)!r} has no tokenizer.json")
-        self.tok = Tokenizer.from_file(str(path))
-        cfg_path = Path(folder) / "tokenizer_config.json"
-        self.config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    """The model's tokenizer (from tokenizer.json, or rebuilt from a GGUF's vocabulary) and its
+    tokenizer_config-style settings (`config`: bos/eos token text, chat_template)."""
+
+    def __init__(self, model: str | Path | ModelSource):
+        self.tok, self.config = open_model(model).tokenizer()
         self.vocab_size = self.tok.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:

@@ -47,3 +47,20 @@ def enumerate_outcomes(run) -> dict:
             for choice, _ in rng.options[j][1:]:
                 stack.append(rng.taken[:j] + [choice])
     return dict(out)
+
+
+class RandomLM:
+    """Next-token distributions indexed by prefix, random but fixed (p ~ U^power, normalised);
+    sparse: one token per row gets exactly zero, as top-k/top-p filters do."""
+
+    def __init__(self, seed: int, sparse: bool = False, vocab_size: int = 3, power: int = 2):
+        self.seed, self.sparse, self.vocab_size, self.power, self.rows = seed, sparse, vocab_size, power, {}
+
+    def __call__(self, prefix: tuple) -> torch.Tensor:
+        if prefix not in self.rows:
+            g = torch.Generator().manual_seed(hash((self.seed, prefix)) % 2**31)
+            p = torch.rand(self.vocab_size, generator=g, dtype=torch.float64) ** self.power
+            if self.sparse:
+                p[torch.randint(0, self.vocab_size, (1,), generator=g)] = 0.0
+            self.rows[prefix] = p / p.sum()
+        return self.rows[prefix]

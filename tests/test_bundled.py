@@ -7,10 +7,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specdec
-from specdec.bench import build_suite
 from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.cli import main
 from specdec.models.checkpoint import load_native
+from specdec.prompts import build_suite
 
 PROMPTS = [p.text[-400:] for p in build_suite(7)][:20]
 
@@ -38,18 +38,42 @@ def test_model_cards_report_heldout_loss():
 @pytest.fixture(scope="module")
 def plain64():
     decoder = specdec.load(dtype="float64")
-    return [decoder.generate(p, max_new_tokens=64).token_ids for p in PROMPTS]
+    return {}, decoder
+
+
+def plain_ids(plain64, prompt: str) -> list[int]:
+    cache, decoder = plain64
+    if prompt not in cache:
+        cache[prompt] = decoder.generate(prompt, max_new_tokens=64).token_ids
+    return cache[prompt]
+
+
+FIXED_BUDGET = {"draft": 4, "ngram": 4, "medusa": 16, "eagle": 16}  # drafted tokens / tree nodes per step
+
+
+def check_greedy_identity(plain64, method: str, prompts: list[str]) -> None:
+    # a fixed budget: with adaptive K, timings (threads, machine load) decide how often it drafts
+    decoder = specdec.load(method=method, dtype="float64", draft_tokens=FIXED_BUDGET[method])
+    new_tokens = forwards = 0
+    for prompt in prompts:
+        result = decoder.generate(prompt, max_new_tokens=64)
+        assert result.token_ids == plain_ids(plain64, prompt)
+        new_tokens += result.stats.new_tokens
+        forwards += result.stats.target_forwards
+    # measured 1.7 (ngram) to 3.2 (eagle) tokens per pass on the first 8 prompts: long accepted
+    # paths are covered, not only rejections
+    assert new_tokens / forwards > 1.4, (method, new_tokens / forwards)
 
 
 @pytest.mark.parametrize("method", ["draft", "ngram", "medusa", "eagle"])
 def test_greedy_identity_float64(plain64, method):
-    decoder = specdec.load(method=method, dtype="float64")
-    forwards = 0
-    for prompt, want in zip(PROMPTS, plain64):
-        result = decoder.generate(prompt, max_new_tokens=64)
-        assert result.token_ids == want
-        forwards += result.stats.target_forwards
-    assert forwards < 20 * 64  # speculation really happened
+    check_greedy_identity(plain64, method, PROMPTS[:8])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["draft", "ngram", "medusa", "eagle"])
+def test_greedy_identity_float64_all_prompts(plain64, method):
+    check_greedy_identity(plain64, method, PROMPTS)
 
 
 def test_generate_fibonacci_looks_like_python(capsys):

@@ -1,13 +1,19 @@
-"""Every bad input is one clear line on stderr and exit code 2, never a traceback."""
+"""Every bad input is one clear line on stderr and exit code 2, never a traceback; a plain
+install (no extras) generates and names the extra a command needs; packaging and layout."""
+import ast
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from specdec.cli import main
 
 from helpers import make_model_dir
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +127,126 @@ def test_console_script_reports_without_traceback(model_dir):
     proc = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "x", "--target", str(model_dir),
                            "--top-p", "7"], capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "top_p" in proc.stderr
+
+
+# ---------------------------------------------------------------- optional extras
+
+OPTIONAL = ("transformers", "rich", "matplotlib", "scipy", "fastapi", "uvicorn", "prometheus_client", "jinja2")
+
+# Runs in a fresh interpreter where optional packages cannot be imported, as after a plain
+# `pip install specdec`; argv: model folder, {case: [blocked packages, argv]}; prints
+# {case: [exit code, stderr]} as JSON.
+NO_EXTRAS_SCRIPT = r"""
+import contextlib, io, json, sys
+target, cases, out = sys.argv[1], json.loads(sys.argv[2]), {}
+for name, (blocked, argv) in cases.items():
+    for module in [m for m, v in sys.modules.items() if v is None and m not in blocked]:
+        del sys.modules[module]  # unblock what the previous case blocked
+    for module in blocked:
+        for loaded in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
+            del sys.modules[loaded]
+        sys.modules[module] = None  # `import module` (and its submodules) now raises ImportError
+    from specdec.cli import main
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main([a.replace("TARGET", target) for a in argv])
+        except SystemExit as e:
+            code = e.code
+    out[name] = [code, err.getvalue()]
+print(json.dumps(out))
+"""
+
+# case: (argv, blocked packages, exit code, extra named in the error); "generate" comes first, so
+# nothing optional has been imported before it; matplotlib is blocked alone in "bench plot" so
+# that the bench table (rich) passes and --plot is what fails
+NO_EXTRAS_CASES = {
+    "generate": (["generate", "def f", "--target", "TARGET", "--max-new-tokens", "3"], OPTIONAL, 0, None),
+    "transformers backend": (["generate", "x", "--target", "TARGET", "--backend", "transformers"], OPTIONAL, 2,
+                             "hf"),
+    "bench table": (["bench", "--target", "TARGET", "--methods", "none"], OPTIONAL, 2, "bench"),
+    "verify chi-square": (["verify", "--target", "TARGET", "--method", "ngram", "--samples", "2"], OPTIONAL, 2,
+                          "bench"),
+    "train": (["train", "lm", "--out", "unused"], OPTIONAL, 2, "train"),
+    "serve": (["serve", "--target", "TARGET"], OPTIONAL, 2, "server"),
+    "bench plot": (["bench", "--target", "TARGET", "--methods", "none", "--plot", "x.png"], ["matplotlib"], 2,
+                   "bench"),
+}
+
+
+def test_plain_install_generates_and_names_the_missing_extra(model_dir):
+    cases = {name: [blocked, argv] for name, (argv, blocked, _, _) in NO_EXTRAS_CASES.items()}
+    proc = subprocess.run([sys.executable, "-c", NO_EXTRAS_SCRIPT, str(model_dir), json.dumps(cases)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    for name, (_, blocked, want_code, extra) in NO_EXTRAS_CASES.items():
+        code, err = got[name]
+        assert code == want_code, (name, err)
+        if extra is None:
+            assert "new_tokens=3" in err
+        else:
+            assert f"pip install 'specdec[{extra}]'" in err and "Traceback" not in err, (name, err)
+            assert any(f"'{module}'" in err for module in blocked), (name, err)  # names the missing package
+
+
+def test_extras_match_pyproject():
+    """The extra an error message names really brings the missing package."""
+    tomllib = pytest.importorskip("tomllib")
+    from specdec.extras import EXTRAS
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    for extra, modules in EXTRAS.items():
+        names = {re.split(r"[<>=!~\[ ]", req)[0].lower().replace("-", "_") for req in extras[extra]}
+        assert set(modules) <= names, (extra, names)
+    core = {re.split(r"[<>=!~ ]", req)[0] for req in project["dependencies"]}
+    assert core == {"torch", "numpy", "safetensors", "tokenizers"}
+
+
+# ---------------------------------------------------------------- packaging and layout
+
+def test_one_version_source():
+    tomllib = pytest.importorskip("tomllib")
+    import specdec
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in pyproject["project"] and "version" in pyproject["project"]["dynamic"]
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "specdec.__version__"}
+    assert re.fullmatch(r"\d+\.\d+\.\d+", specdec.__version__)
+    assert "MIT License" in (ROOT / "LICENSE").read_text()
+
+
+def import_graph() -> dict[str, set[str]]:
+    """specdec module -> specdec modules it imports, at module level or inside functions."""
+    files = {".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): f
+             for f in (ROOT / "specdec").rglob("*.py")}
+    graph = {}
+    for name, f in files.items():
+        deps = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                # `from pkg import submodule` needs the submodule, not what pkg/__init__ imports
+                deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module
+                         for a in node.names}
+        graph[name] = {d for d in deps if d in files and d != name}
+    return graph
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    assert graph["specdec.cli"] >= {"specdec.cli_common", "specdec.bench", "specdec.lossless_check"}
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(name):] + [name]))
+        if name not in done:
+            for dep in sorted(graph[name]):
+                visit(dep, path + [name])
+            done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])

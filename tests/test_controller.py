@@ -2,6 +2,14 @@
 import random
 
 from specdec.controller import DraftLengthController, TreeSizeController
+from specdec.stats import StepRecord
+
+
+def record(budget, drafted, accepted, target_seconds, draft_seconds, other_seconds):
+    """A synthetic step; `accepted` may be fractional to model an average acceptance."""
+    return StepRecord(budget=budget, drafted=drafted, accepted=accepted, new_tokens=(), text="",
+                      draft_seconds=draft_seconds, sync_seconds=0.0, target_seconds=target_seconds,
+                      other_seconds=other_seconds)
 
 
 def simulate(controller, acceptance: float, target_cost, draft_cost: float, steps: int = 400, seed: int = 0):
@@ -12,7 +20,7 @@ def simulate(controller, acceptance: float, target_cost, draft_cost: float, step
         n = 0
         while n < k and rnd.random() < acceptance:
             n += 1
-        controller.observe(k, k, n, target_cost(k), draft_cost * k, 0.0)
+        controller.observe(record(k, k, n, target_cost(k), draft_cost * k, 0.0))
         ks.append(k)
     return ks
 
@@ -52,7 +60,7 @@ def test_tree_controller_prefers_faster_option():
     picks = []
     for _ in range(200):
         k = c.choose(100)
-        c.observe(k, k, tokens[k] - 1, seconds[k], 0.0, 0.0)
+        c.observe(record(k, k, tokens[k] - 1, seconds[k], 0.0, 0.0))
         picks.append(k)
     assert picks[:4] == [0, 0, 4, 4]  # tries sizes upwards, a few steps each
     assert sum(p == 4 for p in picks[3:]) / len(picks[3:]) > 0.85
@@ -67,7 +75,7 @@ def test_tree_controller_stays_plain_when_trees_lose():
     picks = []
     for _ in range(1000):
         k = c.choose(100)
-        c.observe(k, k, tokens[k] - 1, seconds[k], 0.0, 0.0)
+        c.observe(record(k, k, tokens[k] - 1, seconds[k], 0.0, 0.0))
         picks.append(k)
     assert picks[:10] == [0, 0, 4, 4, 8, 8, 16, 16, 32, 32]
     assert sum(p == 0 for p in picks[10:]) / len(picks[10:]) > 0.98
@@ -77,8 +85,8 @@ def test_tree_controller_ignores_one_stall():
     c = TreeSizeController(sizes=[8])
     for _ in range(6):
         k = c.choose(100)
-        c.observe(k, k, 2.0 if k else 0.0, 1.0, 0.0, 0.0)  # trees: 3 tokens per second-long step
-    c.observe(8, 8, 2.0, 100.0, 0.0, 0.0)  # one step stalls (a page fault, a noisy neighbour)
+        c.observe(record(k, k, 2.0 if k else 0.0, 1.0, 0.0, 0.0))  # trees: 3 tokens per second-long step
+    c.observe(record(8, 8, 2.0, 100.0, 0.0, 0.0))  # one step stalls (a page fault, a noisy neighbour)
     assert c.choose(100) == 8
 
 
@@ -95,7 +103,7 @@ def test_cold_first_steps_do_not_keep_speculation_off():
         n = 0
         while n < k and rnd.random() < 0.7:
             n += 1
-        c.observe(k, k, n, (1.0 + 0.05 * k) * (cold if k else 1.0), 0.05 * k * cold, 0.0)
+        c.observe(record(k, k, n, (1.0 + 0.05 * k) * (cold if k else 1.0), 0.05 * k * cold, 0.0))
         ks.append(k)
     assert abs(c.draft_seconds_per_token - 0.05) < 0.01
     # the cold K = 4 timing goes stale and is forgotten: K settles near the best (4) again
@@ -105,10 +113,10 @@ def test_cold_first_steps_do_not_keep_speculation_off():
 def test_tree_controller_forgets_a_cold_start():
     c = TreeSizeController(sizes=[8])
     seen = []
-    for step in range(200):
+    for _ in range(200):
         k = c.choose(100)
         cold = 20.0 if k and c.samples.get(k, 0) < 2 else 1.0  # both first tree steps cold
-        c.observe(k, k, 2.0 if k else 0.0, cold, 0.0, 0.0)  # trees: 3 tokens per 1 s step
+        c.observe(record(k, k, 2.0 if k else 0.0, cold, 0.0, 0.0))  # trees: 3 tokens per 1 s step
         seen.append(k)
     assert sum(k == 8 for k in seen[-50:]) > 40
 

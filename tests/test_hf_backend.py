@@ -28,8 +28,7 @@ def test_plain_greedy_matches_generate(gpt2_dir):
     ids = decoder.tokenizer.encode("def add(a, b):")
     want = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=20, eos_token_id=None,
                        pad_token_id=0, attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):]
-    decoder.engine.eos_ids = set()
-    assert decoder.generate(ids, max_new_tokens=20).token_ids == want.tolist()
+    assert decoder.generate(ids, max_new_tokens=20, ignore_eos=True).token_ids == want.tolist()
 
 
 @pytest.mark.parametrize("method", ["draft", "ngram"])

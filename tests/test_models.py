@@ -90,6 +90,7 @@ def test_save_roundtrip_and_dtypes(model_pair, tmp_path):
 
 def test_sharded_checkpoint(tmp_path):
     import json
+
     from safetensors.torch import load_file, save_file
 
     path = make_model_dir(tmp_path / "m", tokenizer="char", vocab_size=30)

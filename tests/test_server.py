@@ -19,10 +19,12 @@ openai = pytest.importorskip("openai")
 import uvicorn  # noqa: E402
 
 import specdec  # noqa: E402
-from helpers import make_model_dir  # noqa: E402
+from specdec.sampling import SAMPLING_BOUNDS  # noqa: E402
 from specdec.server.app import ServerSettings, create_app  # noqa: E402
 from specdec.server.chat import DEFAULT_TEMPLATE, ChatTemplate, ChatTemplateError  # noqa: E402
 from specdec.server.metrics import accepted_per_position  # noqa: E402
+
+from helpers import make_model_dir  # noqa: E402
 
 API_KEY = "test-key"
 MODEL = "tiny"
@@ -274,7 +276,7 @@ def test_server_uses_the_models_chat_template(model_dir, tmp_path):
     decoder = specdec.load(folder)
     app = create_app(decoder)
     try:
-        parser = app.state.parser
+        parser = app.state.server.parser
         req = parser.chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
         assert req.prompt_ids == decoder.tokenizer.encode("<user>hi<assistant>")
         with pytest.raises(Exception) as e:
@@ -284,7 +286,7 @@ def test_server_uses_the_models_chat_template(model_dir, tmp_path):
             parser.chat({"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ 7 }}"})
         assert e.value.status == 400 and e.value.param == "chat_template"
     finally:
-        app.state.worker.stop()
+        app.state.server.worker.stop()
 
 
 # ---------------------------------------------------------------- bad input
@@ -384,6 +386,90 @@ def test_bad_input(http, route, body, status, words, param):
         assert err["param"] == param
 
 
+# Extreme values of every sampling field: inside its range a 200 with finite output (the same
+# text as greedy decoding where the value leaves one token: tiny temperature, tiny top_p,
+# min_p = 1, top_k = 1), outside it a 400 naming the field -- never a 500.
+TINY_FLOATS = (5e-324, 1e-46, 1e-39, 1e-300)  # smallest double, under float32's subnormals, ...
+ACCEPTED = (
+    [({"temperature": t}, True) for t in TINY_FLOATS]
+    + [({"temperature": t}, False) for t in (1e-10, 1e10, 1e308, 1.7976931348623157e308)]
+    + [({"temperature": 1, "top_p": p}, True) for p in TINY_FLOATS]
+    + [({"temperature": 1, "top_p": p}, False) for p in (0.9999999999999999, 1)]
+    + [({"temperature": 1, "min_p": m}, m == 1) for m in (5e-324, 1e-300, 0.9999999999999999, 1)]
+    + [({"temperature": 1, "top_k": k}, k == 1) for k in (1, 2 ** 63, 10 ** 30)]
+    + [({"temperature": 5e-324, "top_p": 5e-324, "min_p": 1, "top_k": 1}, True),
+       ({"temperature": 1e308, "top_p": 5e-324, "min_p": 5e-324, "top_k": 10 ** 30}, True),
+       ({"temperature": 1e308, "top_p": 1, "min_p": 0, "top_k": 0, "seed": 2 ** 63 - 1, "n": 8}, False),
+       ({"temperature": 1e-39, "seed": -(2 ** 63), "n": 8}, True),
+       ({"temperature": 1e-39, "max_tokens": 1}, True)]
+)
+REFUSED = [  # (fields, the parameter the 400 must name)
+    ({"temperature": -5e-324}, "temperature"), ({"temperature": 1e400}, "temperature"),
+    ({"top_p": 0}, "top_p"), ({"top_p": -0.0}, "top_p"), ({"top_p": 1.0000000000000002}, "top_p"),
+    ({"min_p": -5e-324}, "min_p"), ({"min_p": 1.0000000000000002}, "min_p"),
+    ({"top_k": -1}, "top_k"), ({"top_k": 2.0}, "top_k"), ({"top_k": -(10 ** 30)}, "top_k"),
+    ({"n": 9}, "n"), ({"seed": 2 ** 63}, "seed"), ({"seed": -(2 ** 63) - 1}, "seed"),
+    ({"max_tokens": 0}, "max_tokens"),
+]
+
+
+def _post_raw(http, route: str, body: dict):
+    """json.dumps writes 1e400 as Infinity, which the server must refuse like any JSON it reads."""
+    return http.post(f"/v1/{route}", content=json.dumps(body), headers={"Content-Type": "application/json"})
+
+
+def _request(route: str, fields: dict) -> dict:
+    base = ({"prompt": PROMPT} if route == "completions" else
+            {"messages": [{"role": "user", "content": PROMPT}]})
+    return {**base, "max_tokens": 4, **fields}
+
+
+@pytest.fixture(scope="module")
+def greedy_texts(reference):
+    return {"completions": greedy(reference, PROMPT, 4).text,
+            "chat/completions": greedy(reference, chat_prompt([{"role": "user", "content": PROMPT}]), 4).text}
+
+
+@pytest.mark.parametrize("route", ["completions", "chat/completions"])
+@pytest.mark.parametrize("fields,one_token", ACCEPTED, ids=[str(f) for f, _ in ACCEPTED])
+def test_extreme_sampling_values_are_served(http, route, fields, one_token, greedy_texts):
+    body = _request(route, fields)
+    r = _post_raw(http, route, body)
+    assert r.status_code == 200, r.text
+    resp = r.json()
+    n = fields.get("n", 1)
+    texts = [c["text"] if route == "completions" else c["message"]["content"] for c in resp["choices"]]
+    assert len(texts) == n and all(c["finish_reason"] in ("stop", "length") for c in resp["choices"])
+    assert 1 <= resp["usage"]["completion_tokens"] <= n * body["max_tokens"]
+    want = greedy_texts[route] if body["max_tokens"] == 4 else None
+    if one_token and want is not None:
+        assert texts == [want] * n
+    # streamed too: no error event inside the 200 stream
+    with http.stream("POST", f"/v1/{route}", content=json.dumps({**body, "stream": True}),
+                     headers={"Content-Type": "application/json"}) as s:
+        assert s.status_code == 200
+        lines = [ln for ln in s.iter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    assert not any("error" in c for c in chunks), chunks
+    if one_token and want is not None and n == 1:
+        key = "text" if route == "completions" else "delta"
+        streamed = "".join(c["choices"][0][key] if key == "text" else c["choices"][0][key].get("content", "")
+                           for c in chunks if c["choices"])
+        assert streamed == want
+
+
+@pytest.mark.parametrize("route", ["completions", "chat/completions"])
+@pytest.mark.parametrize("fields,param", REFUSED, ids=[str(f) for f, _ in REFUSED])
+def test_out_of_range_sampling_values_are_refused(http, route, fields, param):
+    r = _post_raw(http, route, _request(route, fields))
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and param in err["message"]
+    if param in SAMPLING_BOUNDS:  # the server says what the library accepts
+        assert SAMPLING_BOUNDS[param].requirement in err["message"]
+
+
 def test_context_error_names_both_numbers(http, reference):
     prompt_tokens = len(reference.tokenizer.encode(BIG))
     r = http.post("/v1/completions", json={"prompt": BIG, "max_tokens": 190})
@@ -417,6 +503,20 @@ def test_routes_and_methods(http, server):
     r = http.get("/v1/completions")
     assert r.status_code == 405 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert httpx.get(f"{server.url}/health", headers={"Authorization": "Bearer wrong"}).status_code == 200
+
+
+def test_routes_leave_validation_to_the_parser():
+    """FastAPI validates nothing (so the app needs no RequestValidationError handler): no route
+    declares a body, query, header, cookie or dependency, and the only path parameter is a str."""
+    from specdec.server.routes import router
+
+    routes = router.routes
+    assert {r.path for r in routes} >= {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health"}
+    for route in routes:
+        d = route.dependant
+        assert route.body_field is None and not (d.body_params or d.query_params or d.header_params
+                                                 or d.cookie_params or d.dependencies), route.path
+        assert all(p.field_info.annotation is str for p in d.path_params), route.path
 
 
 def test_body_too_large(http):

@@ -51,7 +51,8 @@ def test_incremental_decoding_matches_a_full_decode(tokenizer, bundled):
     tok = TextTokenizer(DEFAULT_TARGET) if bundled else tokenizer
     rnd = random.Random(0)
     for trial in range(20):
-        ids = tok.encode("x = 'naïve 日本語 🙂'\n    return  a\t+ b\n") + [rnd.randrange(tok.vocab_size) for _ in range(60)]
+        ids = tok.encode("x = 'naïve 日本語 🙂'\n    return  a\t+ b\n")
+        ids += [rnd.randrange(tok.vocab_size) for _ in range(60)]
         if trial % 2:
             rnd.shuffle(ids)
         stream = TextStream(tok)

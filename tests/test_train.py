@@ -5,12 +5,15 @@ import shutil
 import sysconfig
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specdec
 from specdec.cli import main
+from specdec.errors import SpecdecError
+from specdec.models import ModelConfig
 from specdec.models.checkpoint import load_native
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -88,3 +91,68 @@ def test_head_training_continues_from_init(run_dir, tmp_path, method):
     assert before.keys() == after.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert json.loads((out / "config.json").read_text())["init"] == str(run_dir / method)
+
+
+TINY = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                   num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True)
+
+
+def test_interrupted_run_resumes_exactly(tmp_path, monkeypatch):
+    """A run killed after its step-3 checkpoint and started again ends with the same weights,
+    bit for bit, as a run never interrupted: weights, AdamW moments and the batch sampler's RNG
+    all come back from the checkpoint."""
+    from specdec.train import lm
+    from specdec.train.lm import TrainConfig, train_lm
+
+    tokens = np.random.default_rng(0).integers(0, TINY.vocab_size, 400).astype(np.uint16)
+    cfg = TrainConfig(steps=6, batch_size=2, seq_len=16, warmup=2, checkpoint_every=3)
+    full, _ = train_lm(TINY, tokens, tmp_path / "full", cfg, log=lambda line: None)
+
+    real_loss, calls = lm.lm_loss, []
+
+    def crash_at_step_5(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(lm, "lm_loss", crash_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        train_lm(TINY, tokens, tmp_path / "cut", cfg, log=lambda line: None)
+    monkeypatch.setattr(lm, "lm_loss", real_loss)
+    lines: list[str] = []
+    resumed, _ = train_lm(TINY, tokens, tmp_path / "cut", cfg, log=lines.append)
+    assert lines[0].endswith("at step 3")
+    want, got = full.state_dict(), resumed.state_dict()
+    assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_too_little_training_data_is_a_clear_error():
+    from specdec.train.loop import LoopSettings, OptimConfig, train_loop
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(SpecdecError, match="too few for sequences of 32"):
+        train_loop(model, lambda batch: model.weight.sum(), np.zeros(20, np.uint16),
+                   OptimConfig(steps=1, seq_len=32), LoopSettings("x"), log=lambda line: None)
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_head_folder_that_does_not_fit_its_weights(run_dir, tmp_path, method):
+    from specdec.proposers.eagle import load_eagle
+    from specdec.proposers.medusa import load_medusa
+
+    load = load_medusa if method == "medusa" else load_eagle
+    folder = tmp_path / method
+    shutil.copytree(run_dir / method, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    if method == "medusa":
+        cfg["num_heads"] += 1
+    else:
+        cfg["head_config"]["hidden_size"] *= 2
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpecdecError, match="do not fit its config.json"):
+        load(folder)
+    del cfg["num_heads" if method == "medusa" else "head_config"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpecdecError, match="lacks or mangles a field"):
+        load(folder)

@@ -4,10 +4,9 @@ import random
 import pytest
 import torch
 
-from specdec.verify import (tree_attention_mask, tree_depths, verify_tree_greedy, verify_tree_sampling)
+from specdec.verify import tree_attention_mask, tree_depths, verify_tree_greedy, verify_tree_sampling
 
-from enumerate import enumerate_outcomes
-from test_verify_exact import RandomLM
+from enumerate import RandomLM, enumerate_outcomes
 
 V = 5
 
@@ -28,15 +27,8 @@ def random_tree(seed: int, width: int, depth: int):
     return tokens, parents
 
 
-class LM(RandomLM):
-    def __call__(self, prefix):
-        if prefix not in self.rows:
-            g = torch.Generator().manual_seed(hash((self.seed, prefix)) % 2**31)
-            p = torch.rand(V, generator=g, dtype=torch.float64) ** 3
-            if self.sparse:
-                p[torch.randint(0, V, (1,), generator=g)] = 0.0
-            self.rows[prefix] = p / p.sum()
-        return self.rows[prefix]
+def LM(seed: int, sparse: bool = False) -> RandomLM:
+    return RandomLM(seed, sparse, vocab_size=V, power=3)
 
 
 def node_prefix(i, tokens, parents):

@@ -7,25 +7,9 @@ import torch
 
 from specdec.verify import verify_greedy, verify_rejection
 
-from enumerate import enumerate_outcomes
+from enumerate import RandomLM, enumerate_outcomes
 
 V = 3
-
-
-class RandomLM:
-    """Next-token distributions indexed by prefix, random but fixed; optional sparsity."""
-
-    def __init__(self, seed: int, sparse: bool = False):
-        self.seed, self.sparse, self.rows = seed, sparse, {}
-
-    def __call__(self, prefix: tuple) -> torch.Tensor:
-        if prefix not in self.rows:
-            g = torch.Generator().manual_seed(hash((self.seed, prefix)) % 2**31)
-            p = torch.rand(V, generator=g, dtype=torch.float64) ** 2
-            if self.sparse:  # like top-k/top-p: some tokens get exactly zero
-                p[torch.randint(0, V, (1,), generator=g)] = 0.0
-            self.rows[prefix] = p / p.sum()
-        return self.rows[prefix]
 
 
 def joint(lm: RandomLM, prefix: tuple, n: int) -> dict:
@@ -54,9 +38,11 @@ def spec_step_distribution(target: RandomLM, draft, k: int, verifier) -> dict:
         prefixes = [ctx + seq[:i] for i in range(k + 1)]
         target_probs = torch.stack([target(p) for p in prefixes])
         draft_probs = torch.stack([draft(p) for p in prefixes[:k]]) if isinstance(draft, RandomLM) else None
-        outcomes = enumerate_outcomes(
-            lambda rng: (lambda v: seq[:v.num_accepted] + (v.next_token,))(
-                verifier(list(seq), draft_probs, target_probs, rng)))
+        def emitted_tokens(rng, seq=seq, draft_probs=draft_probs, target_probs=target_probs) -> tuple:
+            verdict = verifier(list(seq), draft_probs, target_probs, rng)
+            return seq[:verdict.num_accepted] + (verdict.next_token,)
+
+        outcomes = enumerate_outcomes(emitted_tokens)
         for emitted, prob in outcomes.items():
             rest = k + 1 - len(emitted)
             for tail, p_tail in joint(target, ctx + emitted, rest).items() if rest else [((), 1.0)]:
@@ -74,13 +60,13 @@ def assert_same(got: dict, want: dict, tol: float = 1e-9) -> None:
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 @pytest.mark.parametrize("sparse", [False, True])
 def test_rejection_sampling_is_exact_with_sampled_drafts(k, sparse):
-    target, draft = RandomLM(1, sparse), RandomLM(2, sparse)
+    target, draft = RandomLM(1, sparse, V), RandomLM(2, sparse, V)
     assert_same(spec_step_distribution(target, draft, k, verify_rejection), joint(target, (0,), k + 1))
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_rejection_sampling_is_exact_with_deterministic_drafts(k):
-    target = RandomLM(3, sparse=True)
+    target = RandomLM(3, sparse=True, vocab_size=V)
     drafts = lambda ctx: [(len(ctx) + i) % V for i in range(k)]  # e.g. prompt lookup
     assert_same(spec_step_distribution(target, drafts, k, verify_rejection), joint(target, (0,), k + 1))
 
@@ -95,7 +81,7 @@ def test_a_wrong_verifier_is_caught():
         from specdec.verify import ChainVerdict
         return ChainVerdict(len(draft_tokens), rng.categorical(target_probs[-1]))
 
-    target, draft = RandomLM(1), RandomLM(2)
+    target, draft = RandomLM(1, vocab_size=V), RandomLM(2, vocab_size=V)
     got = spec_step_distribution(target, draft, 2, wrong)
     want = joint(target, (0,), 3)
     assert max(abs(got[x] - want[x]) for x in want) > 1e-3

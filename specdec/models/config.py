@@ -43,7 +43,7 @@ class ModelConfig:
         return self.model_type == "qwen2" or self.attention_bias
 
     @classmethod
-    def from_hf_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         model_type = d.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise SpecdecError(

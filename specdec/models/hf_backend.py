@@ -8,11 +8,12 @@ from pathlib import Path
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.extras import require
 from specdec.models.checkpoint import parse_dtype, read_hf_config, safetensors_files
 
 
 def load_transformers(folder: str | Path, dtype: str | torch.dtype = "float32"):
-    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM = require("transformers", "hf", "the transformers backend").AutoModelForCausalLM
 
     read_hf_config(folder)
     safetensors_files(folder)  # refuses pickle-only folders before transformers sees them
@@ -58,6 +59,15 @@ class TransformersRunner:
         self.length += len(ids)
         self.last_hidden = out.hidden_states[-1][0] if want_hidden else None
         return out.logits[0]
+
+    def keep(self, start: int, offsets: list[int]) -> None:
+        raise SpecdecError("the transformers backend supports chain decoding only (no draft trees)")
+
+    def memory_bytes(self) -> int:
+        """Weights only: the dynamic cache grows with the context."""
+        from specdec.models.runner import tensor_bytes
+
+        return tensor_bytes([*self.model.parameters(), *self.model.buffers()])
 
     def rollback(self, length: int) -> None:
         if length < self.length:

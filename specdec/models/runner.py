@@ -1,12 +1,50 @@
-"""A model plus its KV cache behind the small interface the decode loop needs. The native
-runner supports tree masks and hidden states; the transformers runner (hf_backend.py) supports
-chain decoding for any causal LM."""
+"""A model plus its KV cache behind the small interface the decode loop needs (`Runner`). The
+native runner supports tree masks and hidden states; the transformers runner (hf_backend.py)
+supports chain decoding for any causal LM."""
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
 
 import torch
 
 from specdec.cache import KVCache
 from specdec.models.llama import LlamaModel
+
+
+class Runner(Protocol):
+    supports_tree: bool  # accepts attn_mask/positions in extend() and keep()
+    vocab_size: int
+    max_len: int  # context window of the cache
+    last_hidden: torch.Tensor | None  # final hidden states of the last extend(want_hidden=True)
+
+    @property
+    def length(self) -> int:
+        """Tokens held in the cache."""
+
+    def reset(self) -> None: ...
+
+    def extend(self, ids: list[int], attn_mask: torch.Tensor | None = None,
+               positions: torch.Tensor | None = None, want_hidden: bool = False) -> torch.Tensor:
+        """Append ids to the cache; return their logits [T, V]."""
+
+    def rollback(self, length: int) -> None: ...
+
+    def keep(self, start: int, offsets: list[int]) -> None:
+        """Keep only positions start+offsets among those written after start (tree runners)."""
+
+    def memory_bytes(self) -> int:
+        """Bytes of weights and cache."""
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of distinct storages (tied weights counted once)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
 
 
 class NativeRunner:
@@ -43,3 +81,6 @@ class NativeRunner:
 
     def keep(self, start: int, offsets: list[int]) -> None:
         self.cache.keep(start, offsets)
+
+    def memory_bytes(self) -> int:
+        return tensor_bytes([*self.model.parameters(), *self.model.buffers(), *self.cache.keys, *self.cache.values])

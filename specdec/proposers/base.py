@@ -36,9 +36,13 @@ class Proposer(Protocol):
     name: str
     shape: str  # "chain" (budget = drafted tokens) or "tree" (budget = tree nodes)
     needs_hidden: bool  # wants the target's final hidden states (Medusa, EAGLE)
+    tree_sizes: list[int]  # tree drafters only: the node budgets the controller chooses among
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Start a new sequence."""
+
+    def memory_bytes(self) -> int:
+        """Bytes of the drafter's own weights and caches (not counting what it shares with the target)."""
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:

@@ -5,6 +5,7 @@ import time
 
 import torch
 
+from specdec.models.runner import Runner
 from specdec.proposers.base import Proposal
 from specdec.sampling import SamplingParams, final_probs
 
@@ -14,10 +15,13 @@ class DraftModelProposer:
     shape = "chain"
     needs_hidden = False
 
-    def __init__(self, runner):
+    def __init__(self, runner: Runner):
         self.runner = runner
         self.cached: list[int] = []  # the tokens whose keys/values are in the draft cache
         self.verified = 0  # leading cached tokens known to equal the context (which only grows)
+
+    def memory_bytes(self) -> int:
+        return self.runner.memory_bytes()
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Prefill the draft cache with the prompt (all but its last token, like the target)."""

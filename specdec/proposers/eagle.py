@@ -7,19 +7,19 @@ step it grows a tree: expand the top-k children of the most probable nodes for a
 score nodes by the product of draft probabilities along their path, keep the best N."""
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specdec.cache import KVCache
 from specdec.models.config import ModelConfig
 from specdec.models.llama import DecoderLayer, RMSNorm, RopeTable, rope_inv_freq
-from specdec.proposers.base import Proposal, read_head_config
+from specdec.models.runner import tensor_bytes
+from specdec.proposers.base import Proposal
+from specdec.proposers.head_folder import load_head, save_head
 from specdec.sampling import SamplingParams, draw_distinct, final_probs
 
 EAGLE_TYPE = "specdec-eagle"
@@ -56,19 +56,12 @@ class EagleHead(nn.Module):
 
 
 def save_eagle(head: EagleHead, folder: str | Path, meta: dict) -> None:
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(folder / "model.safetensors"))
-    cfg = {"model_type": EAGLE_TYPE, "head_config": head.config.to_hf_dict(), **meta}
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    """meta: the tree shape, measured accuracies and training facts, stored after the shape."""
+    save_head(head, folder, {"model_type": EAGLE_TYPE, "head_config": head.config.to_hf_dict(), **meta})
 
 
 def load_eagle(folder: str | Path, dtype: torch.dtype = torch.float32) -> tuple[EagleHead, dict]:
-    folder = Path(folder)
-    cfg = read_head_config(folder, EAGLE_TYPE)
-    head = EagleHead(ModelConfig.from_hf_dict(cfg["head_config"]))
-    head.load_state_dict(load_file(str(folder / "model.safetensors")))
-    return head.to(dtype).eval(), cfg
+    return load_head(folder, EAGLE_TYPE, lambda cfg: EagleHead(ModelConfig.from_hf_dict(cfg["head_config"])), dtype)
 
 
 @dataclass
@@ -92,6 +85,10 @@ class EagleProposer:
         self.tree_sizes = sorted({min(s, n) for s in (4, 8, 16, n)})
         self.cache = head.new_cache(max_len + self.tree.depth * self.tree.expand + 8)
         self.reset([])
+
+    def memory_bytes(self) -> int:
+        """The head and its cache (embedding and lm_head are the target's own)."""
+        return tensor_bytes([*self.head.parameters(), *self.cache.keys, *self.cache.values])
 
     def reset(self, prompt_ids: list[int]) -> None:
         self.cache.rollback(0)

@@ -3,15 +3,15 @@ the token k+1 positions ahead through the target's own (frozen) lm_head. Their t
 candidates form a tree the target verifies in one pass; drafting costs almost nothing."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specdec.errors import SpecdecError
-from specdec.proposers.base import Proposal, read_head_config
+from specdec.models.runner import tensor_bytes
+from specdec.proposers.base import Proposal
+from specdec.proposers.head_folder import load_head, save_head
 from specdec.proposers.trees import tree_from_choices
 from specdec.sampling import SamplingParams, draw_distinct, final_probs
 
@@ -40,20 +40,13 @@ class MedusaHeads(nn.Module):
 
 
 def save_medusa(heads: MedusaHeads, folder: str | Path, meta: dict) -> None:
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in heads.state_dict().items()}, str(folder / "model.safetensors"))
-    cfg = {"model_type": MEDUSA_TYPE, "num_heads": len(heads.heads),
-           "hidden_size": heads.heads[0].linear.in_features, **meta}
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    """meta: the tree, measured accuracies and training facts, stored after the shape."""
+    save_head(heads, folder, {"model_type": MEDUSA_TYPE, "num_heads": len(heads.heads),
+                              "hidden_size": heads.heads[0].linear.in_features, **meta})
 
 
 def load_medusa(folder: str | Path, dtype: torch.dtype = torch.float32) -> tuple[MedusaHeads, dict]:
-    folder = Path(folder)
-    cfg = read_head_config(folder, MEDUSA_TYPE)
-    heads = MedusaHeads(cfg["num_heads"], cfg["hidden_size"])
-    heads.load_state_dict(load_file(str(folder / "model.safetensors")))
-    return heads.to(dtype).eval(), cfg
+    return load_head(folder, MEDUSA_TYPE, lambda cfg: MedusaHeads(cfg["num_heads"], cfg["hidden_size"]), dtype)
 
 
 class MedusaProposer:
@@ -74,6 +67,9 @@ class MedusaProposer:
         n = len(self.choices)
         self.tree_sizes = tree_sizes or sorted({min(s, n) for s in (4, 8, 16, n)})
         self.last_hidden: torch.Tensor | None = None
+
+    def memory_bytes(self) -> int:
+        return tensor_bytes(self.heads.parameters())  # lm_head is the target's own
 
     def reset(self, prompt_ids: list[int]) -> None:
         self.last_hidden = None

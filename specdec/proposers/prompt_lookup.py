@@ -19,6 +19,9 @@ class PromptLookupProposer:
             raise ValueError("need 1 <= min_ngram <= max_ngram")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
+    def memory_bytes(self) -> int:
+        return 0
+
     def reset(self, prompt_ids: list[int]) -> None:
         pass
 

@@ -1,4 +1,5 @@
-"""Chat messages -> one prompt string.
+"""Chat messages -> one prompt string: the request's `messages` array is checked
+(parse_messages), then rendered.
 
 When the model's tokenizer_config.json has a `chat_template` (a Jinja template, as in Hugging
 Face models), it is rendered in jinja2's ImmutableSandboxedEnvironment with `messages`,
@@ -13,6 +14,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from specdec.errors import SpecdecError
+from specdec.server.errors import bad_request
+from specdec.server.fields import check_text, describe, short
+
+CHAT_ROLES = ("system", "developer", "user", "assistant")
 
 DEFAULT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
@@ -74,7 +79,7 @@ class ChatTemplate:
             raise SpecdecError(f"the model's chat_template does not compile: {e}") from None
 
     @classmethod
-    def from_tokenizer_config(cls, config: dict) -> "ChatTemplate":
+    def from_tokenizer_config(cls, config: dict) -> ChatTemplate:
         return cls(_pick_template(config.get("chat_template")), _token_text(config.get("bos_token")),
                    _token_text(config.get("eos_token")))
 
@@ -86,5 +91,49 @@ class ChatTemplate:
                                         bos_token=self.bos_token, eos_token=self.eos_token)
         except ChatTemplateError:
             raise
-        except Exception as e:  # a sandbox violation, an undefined name, a type error...
+        except Exception as e:  # noqa: BLE001 - a sandbox violation, an undefined name, a type error...
             raise ChatTemplateError(f"the chat template failed on these messages: {e}") from None
+
+
+def parse_messages(body: dict) -> list[dict]:
+    """body["messages"] as [{"role", "content"[, "name"]}], text parts joined into one string."""
+    messages = body.get("messages")
+    if messages is None:
+        raise bad_request("missing required parameter 'messages'", "messages")
+    if not isinstance(messages, list):
+        raise bad_request(f"messages must be an array of message objects, got {describe(messages)}",
+                          "messages")
+    if not messages:
+        raise bad_request("messages must hold at least one message", "messages")
+    return [_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+
+
+def _message(m, where: str) -> dict:
+    if not isinstance(m, dict):
+        raise bad_request(f"{where} must be an object with 'role' and 'content', got {describe(m)}", where)
+    role = m.get("role")
+    if role not in CHAT_ROLES:
+        roles = ", ".join(repr(r) for r in CHAT_ROLES)
+        shown = ("missing" if role is None else repr(short(role)) if isinstance(role, str)
+                 else describe(role))
+        raise bad_request(f"{where}.role must be one of {roles}, got {shown}", f"{where}.role")
+    content = m.get("content")
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise bad_request(f"{where}.content[{j}] must be a text part "
+                                  "{\"type\": \"text\", \"text\": \"...\"} (other content types "
+                                  "are not supported)", f"{where}.content")
+            parts.append(part["text"])
+        content = "".join(parts)
+    elif not isinstance(content, str):
+        raise bad_request(f"{where}.content must be a string or an array of text parts, got "
+                          f"{'missing' if 'content' not in m else describe(content)}", f"{where}.content")
+    out = {"role": role, "content": check_text(content, f"{where}.content")}
+    name = m.get("name")
+    if name is not None:
+        if not isinstance(name, str):
+            raise bad_request(f"{where}.name must be a string, got {describe(name)}", f"{where}.name")
+        out["name"] = check_text(name, f"{where}.name")
+    return out

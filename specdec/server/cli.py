@@ -7,18 +7,17 @@ from __future__ import annotations
 import os
 import sys
 
+from specdec.cli_common import add_model_args, add_threads_arg, apply_threads, load_decoder
 from specdec.errors import SpecdecError
+from specdec.extras import require
 
 API_KEY_ENV = "SPECDEC_API_KEY"
 
 
 def add_parser(sub) -> None:
-    from specdec.api import METHODS
-    from specdec.cli import _add_model_args
-
     s = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (/v1/completions, "
                                      "/v1/chat/completions, /v1/models, /health, /metrics)")
-    _add_model_args(s, METHODS)
+    add_model_args(s)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     s.add_argument("--api-key", default=None,
@@ -30,8 +29,7 @@ def add_parser(sub) -> None:
                    help="largest max_tokens a request may ask for (default 4096)")
     s.add_argument("--model-name", default=None,
                    help="model id clients use (default: the target folder's name)")
-    s.add_argument("--threads", type=int, default=0,
-                   help="torch CPU threads for the engine (default 0: torch's own choice)")
+    add_threads_arg(s)
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     s.set_defaults(func=cmd_serve)
 
@@ -45,29 +43,21 @@ def check_args(args) -> None:
         raise SpecdecError(f"--max-tokens-limit must be >= 1, got {args.max_tokens_limit}")
     if args.model_name is not None and not args.model_name.strip():
         raise SpecdecError("--model-name must not be empty")
-    if args.threads < 0:
-        raise SpecdecError(f"--threads must be >= 0 (0 = torch's default), got {args.threads}")
     if args.api_key is not None and not args.api_key:
         raise SpecdecError("--api-key must not be empty")
 
 
 def cmd_serve(args) -> int:
     check_args(args)
-    try:
-        import uvicorn
+    apply_threads(args)
+    for module in ("fastapi", "uvicorn", "prometheus_client", "jinja2"):
+        require(module, "server", "the server")
+    import uvicorn
 
-        from specdec.server.app import ServerSettings, create_app
-    except ImportError as e:
-        raise SpecdecError(f"the server needs extra packages ({e.name} is missing): "
-                           "pip install 'specdec[server]'") from None
-    from specdec.cli import _load
+    from specdec.server.app import ServerSettings, create_app
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     api_key = args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
-    decoder = _load(args)
+    decoder = load_decoder(args)
     settings = ServerSettings(model_name=args.model_name, api_key=api_key, max_queue=args.max_queue,
                               max_tokens_limit=args.max_tokens_limit)
     app = create_app(decoder, settings)

@@ -1,23 +1,43 @@
-"""Request parsing and validation for /v1/completions and /v1/chat/completions.
+"""Request bodies of /v1/completions and /v1/chat/completions -> a GenerationRequest.
 
-The JSON body is parsed and checked here by hand (no coercion): "1" where a number is expected,
-a boolean where an integer is expected, an out-of-range value, all become a 400 whose message
-names the parameter and says what was expected and what was received."""
+Numeric parameters are read from tables: SAMPLING_FIELDS pairs each OpenAI sampling key
+with the range the library itself enforces (specdec.sampling.SAMPLING_BOUNDS) and OpenAI's
+default; n, seed and the max-token names have server-side rules. A bad value is a 400 that
+names the parameter (see fields.py)."""
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field
 
-from specdec.server.chat import ChatTemplate, ChatTemplateError
-from specdec.server.errors import ApiError, bad_request
+from specdec.sampling import SAMPLING_BOUNDS, Bounds, is_integer, is_number
+from specdec.server.chat import ChatTemplate, ChatTemplateError, parse_messages
+from specdec.server.errors import bad_request
+from specdec.server.fields import check_model, check_text, describe, get_bool, get_number, get_str
 
 MAX_N = 8
 MAX_STOP = 4
 MAX_STOP_CHARS = 1000  # a stop string is matched against the text's tail every step
-SEED_MIN, SEED_MAX = -(2 ** 63), 2 ** 63 - 1
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI's legacy completions endpoint
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class NumericField:
+    key: str  # the request's name (OpenAI's)
+    bounds: Bounds
+    default: float | int | None
+
+
+# key -> the SamplingParams field of the same name, with the library's own range
+SAMPLING_FIELDS = tuple(NumericField(key, SAMPLING_BOUNDS[key], default) for key, default in (
+    ("temperature", 1.0),  # OpenAI's default, not the library's greedy 0
+    ("top_p", 1.0),
+    ("top_k", 0),
+    ("min_p", 0.0),
+))
+N_FIELD = NumericField("n", Bounds(1, MAX_N, integer=True), 1)
+SEED_FIELD = NumericField("seed", Bounds(-(2 ** 63), 2 ** 63 - 1, integer=True,
+                                         text="an integer in [-2^63, 2^63 - 1]"), None)
+# max_new_tokens: the request's names for it, first present wins; range SAMPLING_BOUNDS'
+MAX_TOKENS_KEYS = {"completion": ("max_tokens",), "chat": ("max_completion_tokens", "max_tokens")}
 
 # Accepted only at their "off" value: anything else is refused instead of silently ignored.
 UNSUPPORTED = {
@@ -55,123 +75,19 @@ class GenerationRequest:
                 for i in range(self.n)]
 
 
-def _short(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def describe(value) -> str:
-    """How a received JSON value is shown in an error message."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"a boolean ({json.dumps(value)})"
-    if isinstance(value, str):
-        return f"a string ({_short(json.dumps(value))})"
-    if isinstance(value, int):
-        return _short(str(value))
-    if isinstance(value, float):
-        return _short(repr(value))
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _as_float(v) -> float:
-    try:
-        return float(v)
-    except OverflowError:  # an integer too large for a float
-        return math.inf if v > 0 else -math.inf
-
-
-def check_text(value: str, param: str) -> str:
-    """JSON may carry lone surrogates (\\ud800), which are not text the tokenizer can take."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise bad_request(f"{param} is not valid Unicode text (it holds a lone surrogate)", param) from None
-    return value
-
-
-def get_float(body: dict, name: str, default: float, ok, requirement: str) -> float:
-    v = body.get(name)
-    if v is None:
-        return default
-    if not _is_number(v):
-        raise bad_request(f"{name} must be {requirement}, got {describe(v)}", name)
-    f = _as_float(v)
-    if not math.isfinite(f) or not ok(f):
-        raise bad_request(f"{name} must be {requirement}, got {describe(v)}", name)
-    return f
-
-
-def get_int(body: dict, name: str, default: int | None, ok, requirement: str) -> int | None:
-    v = body.get(name)
-    if v is None:
-        return default
-    if not _is_int(v) or not ok(v):
-        raise bad_request(f"{name} must be {requirement}, got {describe(v)}", name)
-    return v
-
-
-def get_bool(body: dict, name: str, default: bool) -> bool:
-    v = body.get(name)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise bad_request(f"{name} must be a boolean (true or false), got {describe(v)}", name)
-    return v
-
-
-def get_str(body: dict, name: str) -> str | None:
-    v = body.get(name)
-    if v is not None and not isinstance(v, str):
-        raise bad_request(f"{name} must be a string, got {describe(v)}", name)
-    return v
-
-
-def parse_json_object(raw: bytes) -> dict:
-    if not raw.strip():
-        raise bad_request("the request body is empty; send a JSON object")
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, huge integers
-        raise bad_request(f"the request body is not valid JSON: {_short(str(e), 200)}") from None
-    if not isinstance(body, dict):
-        raise bad_request(f"the request body must be a JSON object, got {describe(body)}")
-    return body
-
-
-def check_model(body: dict, served_name: str) -> None:
-    model = body.get("model")
-    if model is None:
-        return
-    if not isinstance(model, str):
-        raise bad_request(f"model must be a string, got {describe(model)}", "model")
-    if model != served_name:
-        raise ApiError(404, f"the model {model!r} does not exist; this server serves {served_name!r}",
-                       param="model", code="model_not_found")
+def _is_off(value, off_values: tuple) -> bool:
+    return any(type(value) is type(off) and value == off for off in off_values) or (
+        is_number(value) and any(is_number(off) and value == off for off in off_values))
 
 
 def check_unsupported(body: dict) -> None:
     for name, off_values in UNSUPPORTED.items():
-        v = body.get(name)
-        if v is None or any(type(v) is type(o) and v == o for o in off_values) or (
-                _is_number(v) and any(_is_number(o) and v == o for o in off_values)):
-            continue
-        raise bad_request(f"{name} is not supported by this server (got {describe(v)})", name)
+        value = body.get(name)
+        if value is not None and not _is_off(value, off_values):
+            raise bad_request(f"{name} is not supported by this server (got {describe(value)})", name)
     best_of = body.get("best_of")
     n = body.get("n") if body.get("n") is not None else 1
-    if best_of is not None and not (_is_int(best_of) and best_of == n):
+    if best_of is not None and not (is_integer(best_of) and best_of == n):
         raise bad_request(f"best_of is not supported by this server (got {describe(best_of)})", "best_of")
 
 
@@ -205,53 +121,66 @@ def get_stream_options(body: dict, stream: bool) -> bool:
         raise bad_request(f"stream_options must be an object, got {describe(opts)}", "stream_options")
     if not stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-    return get_bool(opts, "include_usage", False) if "include_usage" in opts else False
+    return get_bool(opts, "include_usage", False)
 
 
 class RequestParser:
-    """Turns a raw body into a GenerationRequest for one loaded decoder."""
+    """Turns a parsed body into a GenerationRequest for one loaded decoder."""
 
     def __init__(self, decoder, served_name: str, max_tokens_limit: int | None,
                  chat_template: ChatTemplate):
         self.tokenizer = decoder.tokenizer
-        self.context_window = decoder.engine.context_window
-        self.vocab_size = getattr(decoder.engine.target, "vocab_size", None) or self.tokenizer.vocab_size
+        self.context_window = decoder.context_window
+        self.vocab_size = decoder.vocab_size
         self.served_name = served_name
         self.max_tokens_limit = max_tokens_limit
         self.chat_template = chat_template
 
-    # ---- shared parameters ----
+    def completion(self, body: dict) -> GenerationRequest:
+        req = self._common(body, "completion")
+        req.prompt_ids = self._prompt_ids(body)
+        req.sampling["max_new_tokens"] = self._max_tokens(body, req, DEFAULT_COMPLETION_MAX_TOKENS, "prompt")
+        return req
+
+    def chat(self, body: dict) -> GenerationRequest:
+        req = self._common(body, "chat")
+        messages = parse_messages(body)
+        try:
+            text = self.chat_template.render(messages)
+        except ChatTemplateError as e:
+            raise bad_request(str(e), "messages") from None
+        req.prompt_ids = self.tokenizer.encode(text)
+        if not req.prompt_ids:
+            raise bad_request("the messages render to an empty prompt", "messages")
+        req.sampling["max_new_tokens"] = self._max_tokens(body, req, self.max_tokens_limit, "messages")
+        return req
+
     def _common(self, body: dict, kind: str) -> GenerationRequest:
+        """Everything but the prompt and max_new_tokens, checked in a fixed order."""
         check_model(body, self.served_name)
         check_unsupported(body)
-        n = get_int(body, "n", 1, lambda v: 1 <= v <= MAX_N, f"an integer in [1, {MAX_N}]")
+        n = get_number(body, N_FIELD.key, N_FIELD.bounds, N_FIELD.default)
         stream = get_bool(body, "stream", False)
         include_usage = get_stream_options(body, stream)
-        sampling = dict(
-            temperature=get_float(body, "temperature", 1.0, lambda v: v >= 0, "a finite number >= 0"),
-            top_p=get_float(body, "top_p", 1.0, lambda v: 0 < v <= 1, "a number in (0, 1]"),
-            top_k=get_int(body, "top_k", 0, lambda v: v >= 0, "an integer >= 0 (0 = off)"),
-            min_p=get_float(body, "min_p", 0.0, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
-            stop=get_stop(body),
-        )
-        seed = get_int(body, "seed", None, lambda v: SEED_MIN <= v <= SEED_MAX,
-                       "an integer in [-2^63, 2^63 - 1]")
+        sampling = {f.key: get_number(body, f.key, f.bounds, f.default) for f in SAMPLING_FIELDS}
+        sampling["stop"] = get_stop(body)
+        seed = get_number(body, SEED_FIELD.key, SEED_FIELD.bounds, SEED_FIELD.default)
         user = get_str(body, "user")
         return GenerationRequest(kind, [], n, stream, include_usage, sampling, seed, user)
 
-    def _max_tokens(self, body: dict, names: tuple[str, ...], prompt_len: int, default: int | None,
-                    prompt_param: str) -> int:
+    def _max_tokens(self, body: dict, req: GenerationRequest, default: int | None, prompt_param: str) -> int:
+        prompt_len = len(req.prompt_ids)
         room = self.context_window - prompt_len
         if room < 1:
             raise bad_request(f"the prompt has {prompt_len} tokens; the model's context window is "
                               f"{self.context_window} tokens, so no room is left for the completion",
                               prompt_param, "context_length_exceeded")
-        name = next((nm for nm in names if body.get(nm) is not None), names[0])
+        keys = MAX_TOKENS_KEYS[req.kind]
+        name = next((key for key in keys if body.get(key) is not None), keys[0])
         limit = self.max_tokens_limit
-        value = get_int(body, name, None, lambda v: v >= 1, "an integer >= 1")
+        value = get_number(body, name, SAMPLING_BOUNDS["max_new_tokens"], None)
         if value is None:
-            value = min(room, default if default is not None else room, limit or room)
-            return value
+            return min(room, default if default is not None else room, limit or room)
         if limit is not None and value > limit:
             raise bad_request(f"{name} is {value}; this server allows at most {limit} "
                               "(--max-tokens-limit)", name)
@@ -262,15 +191,8 @@ class RequestParser:
                               name, "context_length_exceeded")
         return value
 
-    def _check_ids(self, ids: list, param: str) -> list[int]:
-        for t in ids:
-            if not _is_int(t) or not 0 <= t < self.vocab_size:
-                raise bad_request(f"{param} token ids must be integers in [0, {self.vocab_size}), "
-                                  f"got {describe(t)}", param)
-        return list(ids)
-
     def _prompt_ids(self, body: dict) -> list[int]:
-        if "prompt" not in body or body["prompt"] is None:
+        if body.get("prompt") is None:
             raise bad_request("missing required parameter 'prompt'", "prompt")
         p = body["prompt"]
         if isinstance(p, list):
@@ -281,10 +203,10 @@ class RequestParser:
                     raise bad_request(f"prompt holds {len(p)} strings; batched prompts are not supported, "
                                       "send one prompt per request", "prompt")
                 p = p[0]
-            elif all(_is_int(x) for x in p):
-                return self._check_ids(p, "prompt")
+            elif all(is_integer(x) for x in p):
+                return self._check_ids(p)
             elif len(p) == 1 and isinstance(p[0], list) and p[0]:
-                return self._check_ids(p[0], "prompt")
+                return self._check_ids(p[0])
             else:
                 raise bad_request("prompt must be a string, an array with one string, or an array of "
                                   "token ids", "prompt")
@@ -298,70 +220,9 @@ class RequestParser:
             raise bad_request("prompt must not be empty (it encodes to no tokens)", "prompt")
         return ids
 
-    def _messages(self, body: dict) -> list[dict]:
-        msgs = body.get("messages")
-        if msgs is None:
-            raise bad_request("missing required parameter 'messages'", "messages")
-        if not isinstance(msgs, list):
-            raise bad_request(f"messages must be an array of message objects, got {describe(msgs)}",
-                              "messages")
-        if not msgs:
-            raise bad_request("messages must hold at least one message", "messages")
-        out = []
-        for i, m in enumerate(msgs):
-            where = f"messages[{i}]"
-            if not isinstance(m, dict):
-                raise bad_request(f"{where} must be an object with 'role' and 'content', got {describe(m)}",
-                                  where)
-            role = m.get("role")
-            if role not in CHAT_ROLES:
-                roles = ", ".join(repr(r) for r in CHAT_ROLES)
-                shown = "missing" if role is None else describe(role) if not isinstance(role, str) \
-                    else repr(_short(role))
-                raise bad_request(f"{where}.role must be one of {roles}, got {shown}", f"{where}.role")
-            content = m.get("content")
-            if isinstance(content, list):
-                parts = []
-                for j, part in enumerate(content):
-                    if not (isinstance(part, dict) and part.get("type") == "text"
-                            and isinstance(part.get("text"), str)):
-                        raise bad_request(f"{where}.content[{j}] must be a text part "
-                                          "{\"type\": \"text\", \"text\": \"...\"} (other content types "
-                                          "are not supported)", f"{where}.content")
-                    parts.append(part["text"])
-                content = "".join(parts)
-            elif not isinstance(content, str):
-                raise bad_request(f"{where}.content must be a string or an array of text parts, got "
-                                  f"{'missing' if 'content' not in m else describe(content)}",
-                                  f"{where}.content")
-            msg = {"role": role, "content": check_text(content, f"{where}.content")}
-            name = m.get("name")
-            if name is not None:
-                if not isinstance(name, str):
-                    raise bad_request(f"{where}.name must be a string, got {describe(name)}", f"{where}.name")
-                msg["name"] = check_text(name, f"{where}.name")
-            out.append(msg)
-        return out
-
-    # ---- endpoints ----
-    def completion(self, body: dict) -> GenerationRequest:
-        req = self._common(body, "completion")
-        req.prompt_ids = self._prompt_ids(body)
-        req.sampling["max_new_tokens"] = self._max_tokens(
-            body, ("max_tokens",), len(req.prompt_ids), DEFAULT_COMPLETION_MAX_TOKENS, "prompt")
-        return req
-
-    def chat(self, body: dict) -> GenerationRequest:
-        req = self._common(body, "chat")
-        messages = self._messages(body)
-        try:
-            text = self.chat_template.render(messages)
-        except ChatTemplateError as e:
-            raise bad_request(str(e), "messages") from None
-        req.prompt_ids = self.tokenizer.encode(text)
-        if not req.prompt_ids:
-            raise bad_request("the messages render to an empty prompt", "messages")
-        req.sampling["max_new_tokens"] = self._max_tokens(
-            body, ("max_completion_tokens", "max_tokens"), len(req.prompt_ids),
-            self.max_tokens_limit, "messages")
-        return req
+    def _check_ids(self, ids: list) -> list[int]:
+        for t in ids:
+            if not is_integer(t) or not 0 <= t < self.vocab_size:
+                raise bad_request(f"prompt token ids must be integers in [0, {self.vocab_size}), "
+                                  f"got {describe(t)}", "prompt")
+        return list(ids)

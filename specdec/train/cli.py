@@ -11,6 +11,7 @@ import torch
 from tokenizers import Tokenizer
 
 from specdec.errors import SpecdecError
+from specdec.extras import require
 
 
 def _corpus_root(args) -> Path:
@@ -52,6 +53,7 @@ def export_model(model, tokenizer_dir: Path, folder: Path, dtype: str, card: dic
 
 
 def cmd_lm(args) -> int:
+    require("rich.progress", "train", "training")  # the trainers' progress bars
     from specdec.models.checkpoint import load_native
     from specdec.train.lm import TrainConfig, evaluate, train_lm
     from specdec.train.recipe import PRESETS, build_tokenizer, preset
@@ -75,7 +77,7 @@ def cmd_lm(args) -> int:
     seconds = time.time() - t0
     held_loss = evaluate(model, held_ids, min(args.seq_len, len(held_ids) - 1))
     card = {"preset": args.preset, "parameters": sum(p.numel() for p in model.parameters()),
-            "train_tokens": int(len(train_ids)), "heldout_tokens": int(len(held_ids)),
+            "train_tokens": len(train_ids), "heldout_tokens": len(held_ids),
             "heldout_loss_nats_per_token": round(held_loss, 4), "train_seconds_this_run": round(seconds),
             "train_seconds_total": round(total_seconds),
             "teacher": str(args.teacher) if args.teacher else None, "train_config": cfg.__dict__}
@@ -135,8 +137,8 @@ def add_parser(sub) -> None:
 
 
 def _head_data(args, target_dir: Path) -> tuple[np.ndarray, np.ndarray]:
-    from specdec.train.recipe import encode_files
     from specdec.train.corpus import split_files
+    from specdec.train.recipe import encode_files
 
     tok = Tokenizer.from_file(str(Path(target_dir) / "tokenizer.json"))
     train_files, held = split_files(_corpus_root(args))
@@ -151,6 +153,7 @@ def _head_config(args):
 
 
 def cmd_medusa(args) -> int:
+    require("rich.progress", "train", "training")  # the trainers' progress bars
     from specdec.models.checkpoint import load_native
     from specdec.proposers.medusa import MedusaHeads, save_medusa
     from specdec.proposers.trees import build_tree, expected_accepted_length
@@ -200,6 +203,7 @@ def cmd_medusa_tree(args) -> int:
 
 
 def cmd_eagle(args) -> int:
+    require("rich.progress", "train", "training")  # the trainers' progress bars
     from dataclasses import replace
 
     from specdec.models.checkpoint import load_native

@@ -1,18 +1,21 @@
 """Training of draft heads on a frozen target: Medusa heads (self-distillation on the target's
 own next-token distributions k positions ahead) and the EAGLE head (feature regression +
-distillation). Both share the data pipeline and the progress bar with the LM trainer."""
+distillation). Each supplies the loss of a batch to the shared training loop."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specdec.models import LlamaModel
-from specdec.train.lm import OptimConfig, lr_at, sample_batch
+from specdec.train.loop import LoopSettings, OptimConfig, seed_run, train_loop
+
+if TYPE_CHECKING:
+    from specdec.proposers.eagle import EagleHead
+    from specdec.proposers.medusa import MedusaHeads
 
 
 @dataclass
@@ -27,38 +30,9 @@ class HeadTrainConfig(OptimConfig):
     unroll: int = 1  # EAGLE: >1 also trains on the head's own predicted features (deeper drafts)
 
 
-def _progress():
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), TimeRemainingColumn())
-
-
-def _loop(name: str, module: torch.nn.Module, step_loss, tokens: np.ndarray, cfg: HeadTrainConfig, log=print):
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    params = [p for p in module.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    t0 = time.time()
-    module.train()
-    with _progress() as progress:
-        task = progress.add_task(name, total=cfg.steps, loss=float("nan"))
-        for step in range(cfg.steps):
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, cfg)
-            loss = step_loss(sample_batch(tokens, cfg, gen))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            progress.update(task, advance=1, loss=loss.item())
-            if (step + 1) % 50 == 0 and not progress.console.is_terminal:
-                log(f"{name} step {step + 1}/{cfg.steps} loss {loss.item():.4f} ({time.time() - t0:.0f}s)")
-    module.eval()
-    return time.time() - t0
-
-
-def train_medusa(target: LlamaModel, heads, tokens: np.ndarray, cfg: HeadTrainConfig, log=print) -> float:
+def train_medusa(target: LlamaModel, heads: MedusaHeads, tokens: np.ndarray, cfg: HeadTrainConfig, log=print) -> float:
+    """Train the heads in place (left in eval mode); return the training seconds."""
+    seed_run(cfg)
     target.eval().requires_grad_(False)
     H = len(heads.heads)
 
@@ -75,11 +49,11 @@ def train_medusa(target: LlamaModel, heads, tokens: np.ndarray, cfg: HeadTrainCo
             total = total + cfg.head_decay ** (k - 1) * -(soft * pred).sum(-1).mean()
         return total
 
-    return _loop("medusa", heads, step_loss, tokens, cfg, log)
+    return train_loop(heads, step_loss, tokens, cfg, LoopSettings("medusa"), log)
 
 
 @torch.inference_mode()
-def medusa_rank_accuracy(target: LlamaModel, heads, tokens: np.ndarray, seq_len: int = 256,
+def medusa_rank_accuracy(target: LlamaModel, heads: MedusaHeads, tokens: np.ndarray, seq_len: int = 256,
                          windows: int = 16, max_rank: int = 10) -> list[list[float]]:
     """acc[k-1][r]: share of positions where head k's rank-r token equals the target's argmax
     k positions ahead (what greedy verification accepts)."""
@@ -100,10 +74,12 @@ def medusa_rank_accuracy(target: LlamaModel, heads, tokens: np.ndarray, seq_len:
     return (hits / counts[:, None]).tolist()
 
 
-def train_eagle(target: LlamaModel, head, tokens: np.ndarray, cfg: HeadTrainConfig, log=print) -> float:
+def train_eagle(target: LlamaModel, head: EagleHead, tokens: np.ndarray, cfg: HeadTrainConfig, log=print) -> float:
     """Input at position t: (target feature f_t + noise, embedding of token t+1); the head
     predicts f_{t+1}. Loss: smooth L1 on features + cls_weight * cross-entropy against the
-    target's next-token distribution at t+1."""
+    target's next-token distribution at t+1. With cfg.unroll > 1 the head is also trained on
+    its own predicted features (as when drafting deeper). Returns the training seconds."""
+    seed_run(cfg)
     target.eval().requires_grad_(False)
     noise_gen = torch.Generator().manual_seed(cfg.seed + 1)
 
@@ -128,11 +104,11 @@ def train_eagle(target: LlamaModel, head, tokens: np.ndarray, cfg: HeadTrainConf
             inputs = pred
         return loss
 
-    return _loop("eagle", head, step_loss, tokens, cfg, log)
+    return train_loop(head, step_loss, tokens, cfg, LoopSettings("eagle"), log)
 
 
 @torch.inference_mode()
-def eagle_accuracy(target: LlamaModel, head, tokens: np.ndarray, seq_len: int = 256, windows: int = 16,
+def eagle_accuracy(target: LlamaModel, head: EagleHead, tokens: np.ndarray, seq_len: int = 256, windows: int = 16,
                    top_k: int = 5) -> dict:
     """Teacher-forced top-1/top-k agreement of the head's next-next token with the target's argmax."""
     n = min(windows, (len(tokens) - 1) // seq_len)

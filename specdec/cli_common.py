@@ -1,0 +1,91 @@
+"""Argument groups and helpers shared by the subcommands (generate, serve, bench, verify), so
+that command modules never import one another."""
+from __future__ import annotations
+
+import argparse
+
+from specdec.api import METHODS, SpecDecoder, load
+from specdec.engine import GenerationStats
+from specdec.errors import SpecdecError
+
+
+def add_checkpoint_args(p: argparse.ArgumentParser,
+                        draft_help: str = "draft model folder (method draft) or Medusa/EAGLE head folder; "
+                                          "default: the bundled one for the bundled target") -> None:
+    p.add_argument("--target", help="target model folder (HF layout); default: bundled pycode-target")
+    p.add_argument("--draft", help=draft_help)
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | float64")
+
+
+def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHODS,
+                   method_default: str | None = "none", draft_tokens_default: int | None = None) -> None:
+    """The options of specdec.load(). method_default=None makes --method required."""
+    add_checkpoint_args(p)
+    p.add_argument("--method", default=method_default, required=method_default is None, choices=methods)
+    p.add_argument("--backend", default="auto", choices=("auto", "native", "transformers"))
+    default = "adaptive" if draft_tokens_default is None else str(draft_tokens_default)
+    p.add_argument("--draft-tokens", type=int, default=draft_tokens_default,
+                   help=f"fixed number of drafted tokens (tree nodes for medusa/eagle) per step (default: {default})")
+    p.add_argument("--max-draft-tokens", type=int, default=8, help="upper bound for adaptive K")
+    p.add_argument("--tree-nodes", type=int, default=None, help="largest draft tree (medusa, eagle)")
+    p.add_argument("--typical-acceptance", action="store_true",
+                   help="LOSSY: Medusa's typical acceptance for tree methods at T > 0; the output no longer "
+                        "follows the target's distribution (off by default)")
+
+
+def add_distribution_args(p: argparse.ArgumentParser, temperature: float = 0.0) -> None:
+    """The options that shape the next-token distribution."""
+    p.add_argument("--temperature", type=float, default=temperature, help=f"0 = greedy (default {temperature:g})")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    add_distribution_args(p)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def add_threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default 0: torch's own choice)")
+
+
+def distribution(args: argparse.Namespace) -> dict:
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
+
+
+def sampling(args: argparse.Namespace) -> dict:
+    """Keyword arguments for SpecDecoder.generate()/stream()."""
+    return dict(distribution(args), max_new_tokens=args.max_new_tokens, seed=args.seed, stop=tuple(args.stop))
+
+
+def load_decoder(args: argparse.Namespace, **overrides) -> SpecDecoder:
+    """specdec.load() with the options of add_model_args; `overrides` replace any of them."""
+    options = dict(target=args.target, draft=args.draft, method=args.method, dtype=args.dtype,
+                   backend=args.backend, draft_tokens=args.draft_tokens, max_draft_tokens=args.max_draft_tokens,
+                   tree_nodes=args.tree_nodes, typical_acceptance=args.typical_acceptance)
+    options.update(overrides)
+    return load(**options)
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    if args.threads < 0:
+        raise SpecdecError(f"--threads must be >= 0 (0 = torch's default), got {args.threads}")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
+def stats_line(stats: GenerationStats) -> str:
+    """One line for stderr after a generation."""
+    lossy = " (LOSSY: typical acceptance)" if stats.lossy else ""
+    parts = [f"method={stats.method}{lossy}", f"new_tokens={stats.new_tokens}",
+             f"target_forwards={stats.target_forwards}", f"tokens/s={stats.tokens_per_second:.1f}"]
+    if stats.speculative:
+        parts += [f"drafted={stats.drafted_tokens}", f"accepted={stats.accepted_tokens}",
+                  f"acceptance={stats.acceptance_rate:.2f}",
+                  f"mean_accepted_length={stats.mean_accepted_length:.2f}"]
+    return "[" + " ".join(parts) + "]"

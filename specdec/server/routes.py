@@ -1,0 +1,207 @@
+"""The HTTP routes. Handlers find the app's ServerState on request.app.state.server.
+
+POST /v1/completions, POST /v1/chat/completions: the body is read raw (at most
+settings.max_body_bytes) and checked by validation.RequestParser, never by FastAPI, so no
+route declares a body or typed parameter; the job goes to the engine worker and its events
+come back as one JSON object or as server-sent events.
+GET /v1/models, /v1/models/{id}, /health, /metrics."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+
+from specdec.server import responses
+from specdec.server.errors import ApiError
+from specdec.server.fields import model_not_found, parse_json_object
+from specdec.server.responses import ResponseHeader
+from specdec.server.state import ServerState
+from specdec.server.validation import GenerationRequest, RequestParser
+from specdec.server.worker import Job, QueueFull
+
+router = APIRouter()
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+async def parse_and_generate(request: Request, parse: Callable[[RequestParser, dict], GenerationRequest]):
+    state = server_state(request)
+    raw = await read_body(request, state.settings.max_body_bytes)
+    req = await run_in_threadpool(lambda: parse(state.parser, parse_json_object(raw)))
+    return await generate(request, state, req)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request):
+    return await parse_and_generate(request, RequestParser.completion)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    return await parse_and_generate(request, RequestParser.chat)
+
+
+def _model_card(state: ServerState) -> dict:
+    decoder = state.decoder
+    return responses.model_card(state.served_name, state.started_at, decoder.context_window, decoder.method)
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    return {"object": "list", "data": [_model_card(server_state(request))]}
+
+
+@router.get("/v1/models/{model:path}")
+async def model(request: Request, model: str):
+    state = server_state(request)
+    if model != state.served_name:
+        raise model_not_found(model, state.served_name)
+    return _model_card(state)
+
+
+@router.get("/health")
+async def health(request: Request):
+    state = server_state(request)
+    if not state.worker.alive:
+        raise ApiError(503, "the engine worker is not running", code="worker_down")
+    return {"status": "ok", "model": state.served_name}
+
+
+@router.get("/metrics")
+async def prometheus_metrics(request: Request):
+    metrics = server_state(request).metrics
+    return Response(metrics.render(), headers={"Content-Type": metrics.content_type})
+
+
+# ---------------------------------------------------------------- generation
+
+async def read_body(request: Request, limit: int) -> bytes:
+    too_large = ApiError(413, f"the request body is larger than the limit of {limit} bytes",
+                         code="request_too_large")
+    length = request.headers.get("content-length")
+    if length is not None:
+        try:
+            declared = int(length)
+        except ValueError:
+            raise ApiError(400, "the Content-Length header is not a number") from None
+        if declared > limit:
+            raise too_large
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ApiError(400, "the client disconnected while sending the request") from None
+    return b"".join(chunks)
+
+
+async def generate(request: Request, state: ServerState, req: GenerationRequest) -> Response:
+    job = Job(req.prompt_ids, req.samplings(), req.stream, asyncio.get_running_loop())
+    try:
+        state.worker.submit(job)
+    except QueueFull:
+        raise ApiError(429, f"the server is busy: {state.settings.max_queue} requests are already waiting; "
+                            "retry later", code="queue_full", headers={"Retry-After": "1"}) from None
+    chat = req.kind == "chat"
+    head = ResponseHeader(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
+                          state.served_name, chat, state.decoder.method)
+    if req.stream:
+        return JobStreamingResponse(job, stream_events(job, req, head), media_type="text/event-stream",
+                                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return JSONResponse(responses.completion_object(head, req, await collect(request, job, req.n)))
+
+
+async def collect(request: Request, job: Job, n: int) -> list:
+    """The n finished results of a non-streamed job (cancelled if the client goes away)."""
+    watcher = asyncio.create_task(watch_disconnect(request, job))
+    results = [None] * n
+    error = None
+    try:
+        while True:
+            event = await job.next_event()
+            if event.kind == "done":
+                results[event.index] = event.result
+            elif event.kind == "error":
+                error = event.error
+            elif event.kind == "end":
+                break
+    finally:
+        watcher.cancel()
+        if not job.finished:
+            job.cancel()
+    if error is not None:
+        raise error
+    if any(r is None for r in results):
+        if job.client_gone:  # nobody reads this; 499 (client closed request) is for the metrics
+            raise ApiError(499, "the client disconnected", code="client_disconnected")
+        raise ApiError(503, "the generation was cancelled", code="cancelled")
+    return results
+
+
+async def watch_disconnect(request: Request, job: Job) -> None:
+    """For non-streamed responses: cancel the job if the client goes away while it waits."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.client_gone = True
+            job.cancel()
+            return
+
+
+async def stream_events(job: Job, req: GenerationRequest, head: ResponseHeader):
+    """Server-sent events of a streamed job, ending with [DONE]."""
+    results = [None] * req.n
+    role_sent = set()
+    try:
+        while True:
+            event = await job.next_event()
+            if event.kind == "end":
+                break
+            if event.kind == "error":
+                yield responses.sse(event.error.body())
+                continue
+            i = event.index
+            if head.chat and i not in role_sent:
+                role_sent.add(i)
+                yield responses.sse(responses.role_chunk(head, i))
+            if event.kind == "chunk":
+                yield responses.sse(responses.text_chunk(head, i, event.text))
+            elif event.kind == "done":
+                results[i] = event.result
+                if head.chat and event.text:
+                    yield responses.sse(responses.text_chunk(head, i, event.text))
+                last = responses.finish_chunk(head, i, event.text, event.result.finish_reason)
+                if i == req.n - 1 and not req.include_usage:
+                    last["speculative"] = responses.speculative(head.method, [r for r in results if r is not None])
+                yield responses.sse(last)
+        if req.include_usage and all(r is not None for r in results):
+            yield responses.sse(responses.usage_chunk(head, req, results))
+        yield responses.DONE
+    finally:
+        if not job.finished:
+            job.cancel()
+
+
+class JobStreamingResponse(StreamingResponse):
+    """Cancels its job however the response ends (finished, client gone, server error)."""
+
+    def __init__(self, job: Job, content, **kwargs):
+        super().__init__(content, **kwargs)
+        self.job = job
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()  # no effect once the job has ended

@@ -1,0 +1,43 @@
+"""What the route handlers share: the settings and the per-app objects built from one decoder.
+create_app builds one ServerState and keeps it on app.state.server."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from specdec.api import SpecDecoder
+from specdec.server.chat import ChatTemplate
+from specdec.server.metrics import Metrics
+from specdec.server.validation import RequestParser
+from specdec.server.worker import EngineWorker
+
+MAX_BODY_BYTES = 1 << 20  # 1 MiB
+
+
+@dataclass
+class ServerSettings:
+    model_name: str | None = None  # default: the target folder's name
+    api_key: str | None = None  # None: no authentication
+    max_queue: int = 64  # requests waiting for the engine; more -> 429
+    max_tokens_limit: int | None = 4096  # largest max_tokens accepted (None: the context window)
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+@dataclass
+class ServerState:
+    decoder: SpecDecoder
+    settings: ServerSettings
+    served_name: str
+    metrics: Metrics
+    worker: EngineWorker
+    parser: RequestParser
+    started_at: int = field(default_factory=lambda: int(time.time()))
+
+    @classmethod
+    def build(cls, decoder: SpecDecoder, settings: ServerSettings) -> ServerState:
+        served_name = settings.model_name or decoder.target_path.name
+        metrics = Metrics(max_positions=decoder.max_draft_tokens)
+        worker = EngineWorker(decoder, settings.max_queue, metrics)
+        parser = RequestParser(decoder, served_name, settings.max_tokens_limit,
+                               ChatTemplate.from_tokenizer_config(decoder.tokenizer.config))
+        return cls(decoder, settings, served_name, metrics, worker, parser)

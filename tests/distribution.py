@@ -1,0 +1,71 @@
+"""End-to-end distribution checks: sample the first tokens through the real engine on tiny
+random models and compare with the target's exact joint distribution (chi-square)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.stats import chisquare
+
+import specdec
+from specdec.sampling import SamplingParams, final_probs
+
+from helpers import make_model_dir
+
+V = 8
+NEW = 2
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive, so prompt lookup always has a proposal
+N_QUICK = 3_000  # default tier: enough to catch the wrong verifiers in the power checks
+N_SLOW = 20_000  # slow tier: the whole grid of methods and sampling settings
+TINY = dict(vocab_size=V, tokenizer="char", hidden_size=16, layers=1, heads=2, kv_heads=1, max_pos=32)
+
+
+def tiny_model_dir(path: Path, seed: int, scale: float) -> Path:
+    """scale sets how peaked the model's distributions are (0.5: broad, 3: sharp)."""
+    return make_model_dir(path, seed=seed, scale=scale, **TINY)
+
+
+def exact_joint(target_dir: Path, params: SamplingParams) -> dict:
+    model = specdec.load(target=target_dir, dtype="float64").engine.target.model
+    out = {}
+    with torch.no_grad():
+        first = final_probs(model(torch.tensor([PROMPT]))[0, -1], params)
+        for a in range(V):
+            second = final_probs(model(torch.tensor([PROMPT + [a]]))[0, -1], params)
+            for b in range(V):
+                out[(a, b)] = float(first[a] * second[b])
+    return out
+
+
+def sample_counts(decoder, params_kw: dict, n: int) -> dict:
+    counts: dict = {}
+    for seed in range(n):  # ignore_eos: the exact joint treats token 0 as an ordinary token
+        ids = tuple(decoder.generate(PROMPT, max_new_tokens=NEW, seed=seed, ignore_eos=True, **params_kw).token_ids)
+        counts[ids] = counts.get(ids, 0) + 1
+    return counts
+
+
+def chi_square_p(counts: dict, joint: dict) -> float:
+    n = sum(counts.values())
+    assert set(counts) <= {k for k, p in joint.items() if p > 0}, "sampled an impossible sequence"
+    keys = sorted(joint, key=lambda k: -joint[k])
+    obs, exp = [], []
+    tail_o = tail_e = 0.0
+    for k in keys:
+        e = joint[k] * n
+        if e >= 5:
+            obs.append(counts.get(k, 0)), exp.append(e)
+        else:
+            tail_o += counts.get(k, 0)
+            tail_e += e
+    if tail_e > 0:
+        obs.append(tail_o), exp.append(tail_e)
+    assert len(obs) >= 10, "degenerate test: the target distribution has too few outcomes"
+    exp = np.array(exp) * (sum(obs) / sum(exp))
+    return float(chisquare(obs, exp).pvalue)
+
+
+def p_value(decoder, target_dir: Path, params_kw: dict, n: int) -> float:
+    """p-value of the hypothesis that decoder samples the target's exact joint distribution."""
+    return chi_square_p(sample_counts(decoder, params_kw, n), exact_joint(target_dir, SamplingParams(**params_kw)))
