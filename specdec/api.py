@@ -96,6 +96,11 @@ class SpecDecoder:
         return self.engine.context_window
 
     @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Token ids that end a generation (for chat models, the end-of-turn token among them)."""
+        return tuple(sorted(self.engine.eos_ids))
+
+    @property
     def max_draft_tokens(self) -> int:
         """Largest number of drafted tokens (tree nodes for tree methods) one step may verify."""
         return self.engine.max_draft_tokens if self.speculative else 0

@@ -1,28 +1,35 @@
 """`specdec bench`: side-by-side tokens/s of every method in one run, on a fixed prompt suite
-(code completion from held-out stdlib files, an edit task that repeats the prompt, free
-text), with the `transformers` peer (plain, assisted generation, prompt lookup) on the same
-checkpoints and prompts. Speedups are ratios to `none` measured in the same run."""
+from held-out stdlib files (specdec.prompts: code completion, an edit task that repeats the
+prompt, free text; for instruct models chat instructions and a rewrite, in the model's chat
+template), with the peers of specdec.bench_peers (transformers: plain, assisted generation,
+prompt lookup; llama.cpp: plain and n-gram speculation) on the same weights and prompt ids.
+Speedups are ratios to `none` measured in the same run."""
 from __future__ import annotations
 
 import argparse
 import json
-import time
+import sys
+import tempfile
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from specdec.api import SpecDecoder, load
-from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.bench_peers import HF_METHODS, LLAMA_CPP_METHODS, LlamaCppPeer, TransformersPeer, llama_cpp_gguf
+from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model_name
+from specdec.chat_template import ChatTemplate
 from specdec.cli_common import add_checkpoint_args, add_threads_arg, apply_threads
 from specdec.errors import SpecdecError
 from specdec.extras import require
-from specdec.models.runner import tensor_bytes
-from specdec.prompts import TASKS, build_suite
+from specdec.llama_cpp import ENV_VAR, LlamaServer, find_llama_server, server_version
+from specdec.models.checkpoint import read_hf_config
+from specdec.prompts import RAW_TASKS, TASKS, build_suite, render_chat
 from specdec.stats import GenerationStats
+from specdec.text import TextTokenizer
 
 SPECDEC_METHODS = ("none", "draft", "ngram", "medusa", "eagle")
-PEER_METHODS = ("hf", "hf-assisted", "hf-lookup")
 
 
 @dataclass
@@ -38,56 +45,25 @@ class Row:
     acceptance_rate: float | None = None
     mean_draft_tokens: float | None = None
     cost_model_bound: float | None = None
-    model_memory_mb: float | None = None
+    model_memory_mb: float | None = None  # specdec: weights + KV caches; transformers: weights
+    peak_rss_mb: float | None = None  # llama.cpp: the llama-server process's peak resident memory
 
 
 class SpecdecRunner:
     def __init__(self, decoder: SpecDecoder):
         self.decoder = decoder
+        self.speculative = decoder.speculative
 
     def memory_mb(self) -> float:
         return self.decoder.memory_bytes() / 2**20
+
+    def peak_rss_mb(self) -> float | None:
+        return None  # shares the bench's process
 
     def run(self, prompt: str, temperature: float, max_new: int, seed: int) -> GenerationStats:
         # ignore_eos: every run produces exactly max_new tokens, so all methods do the same work
         return self.decoder.generate(prompt, temperature=temperature, max_new_tokens=max_new, seed=seed,
                                      ignore_eos=True).stats
-
-
-class PeerRunner:
-    """transformers generate(): plain, with assistant_model, or with prompt_lookup_num_tokens."""
-
-    def __init__(self, mode: str, target_dir: Path, draft_dir: Path | None, tokenizer):
-        from specdec.models.hf_backend import load_transformers
-
-        self.mode = mode
-        self.model = load_transformers(target_dir)
-        self.assistant = load_transformers(draft_dir) if mode == "hf-assisted" else None
-        self.tokenizer = tokenizer
-
-    def memory_mb(self) -> float:
-        """Weights only: transformers' dynamic caches are transient."""
-        models = [self.model] + ([self.assistant] if self.assistant is not None else [])
-        return sum(tensor_bytes([*m.parameters(), *m.buffers()]) for m in models) / 2**20
-
-    @torch.inference_mode()
-    def run(self, prompt: str, temperature: float, max_new: int, seed: int) -> GenerationStats:
-        ids = torch.tensor([self.tokenizer.encode(prompt)])
-        kw = dict(max_new_tokens=max_new, min_new_tokens=max_new, eos_token_id=None, pad_token_id=0,
-                  attention_mask=torch.ones_like(ids), do_sample=temperature > 0)
-        if temperature > 0:
-            kw.update(temperature=temperature, top_k=0, top_p=1.0)
-        if self.assistant is not None:
-            kw["assistant_model"] = self.assistant
-        if self.mode == "hf-lookup":
-            kw["prompt_lookup_num_tokens"] = 10
-        torch.manual_seed(seed)
-        t0 = time.perf_counter()
-        out = self.model.generate(ids, **kw)
-        stats = GenerationStats(self.mode)
-        stats.wall_seconds = time.perf_counter() - t0
-        stats.new_tokens = out.shape[1] - ids.shape[1]
-        return stats
 
 
 def cost_model_bound(stats, plain_seconds_per_token: float) -> float | None:
@@ -100,62 +76,105 @@ def cost_model_bound(stats, plain_seconds_per_token: float) -> float | None:
     return stats.mean_accepted_length / (1 + mean_k * c)
 
 
+def is_bundled_target(target: str | None) -> bool:
+    return target is None or resolve_model_name(target).resolve() == DEFAULT_TARGET.resolve()
+
+
+def default_methods(target: str | None, draft: str | None, llama_server: Path | None) -> list[str]:
+    """Every method that can run on this target: drafters need a draft (bundled for the
+    bundled target only); llama.cpp when a build is found."""
+    if is_bundled_target(target):
+        methods = ["none", "draft", "ngram", "medusa", "eagle", "hf", "hf-assisted", "hf-lookup"]
+    else:
+        methods = ["none", "ngram"] + (["draft"] if draft else []) + ["hf", "hf-lookup"]
+        methods += ["hf-assisted"] if draft else []
+    return methods + (["llama.cpp", "llama.cpp-ngram"] if llama_server else [])
+
+
+def default_tasks(tokenizer: TextTokenizer) -> list[str]:
+    """Instruction tasks for a model with a chat template (an instruct model), else raw text."""
+    return ["code", "chat", "rewrite"] if tokenizer.config.get("chat_template") else list(RAW_TASKS)
+
+
+def make_runner(m: str, setup: dict, stack: ExitStack, tokenizer: TextTokenizer):
+    """The runner for bench method `m` ("draft:4" = draft with a fixed K of 4)."""
+    base, _, fixed = m.partition(":")
+    if fixed and not fixed.isdigit():
+        raise SpecdecError(f"bad method {m!r}: use NAME or NAME:K with an integer K")
+    target, draft, dtype = setup["target"], setup["draft"], setup["dtype"]
+    if base in SPECDEC_METHODS:
+        drafter = draft if base == "draft" else setup["heads"].get(base)  # medusa/eagle head folders
+        return SpecdecRunner(load(target=target, draft=drafter, method=base, dtype=dtype,
+                                  draft_tokens=int(fixed) if fixed else setup["draft_tokens"]))
+    if base in HF_METHODS and not fixed:
+        draft_dir = draft or (DEFAULT_DRAFT if target is None else None)
+        if m == "hf-assisted" and draft_dir is None:
+            raise SpecdecError("hf-assisted needs a draft model with the target's vocabulary (--draft)")
+        return TransformersPeer(m, target or DEFAULT_TARGET, draft_dir, tokenizer, dtype)
+    if base in LLAMA_CPP_METHODS and not fixed:
+        if setup["llama_server"] is None:
+            raise SpecdecError(f"{m} needs a llama.cpp build: --llama-cpp DIR, ${ENV_VAR} or llama-server on PATH")
+        if setup.get("llama_gguf") is None:  # written once, shared by every llama.cpp method
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="specdec-bench-")))
+            setup["llama_gguf"] = llama_cpp_gguf(target or DEFAULT_TARGET, dtype, folder)
+        ctx = min(8192, read_hf_config(target or DEFAULT_TARGET).get("max_position_embeddings", 4096))
+        server = LlamaServer(setup["llama_server"], setup["llama_gguf"], torch.get_num_threads(), ctx,
+                             LLAMA_CPP_METHODS[base])
+        return LlamaCppPeer(m, stack.enter_context(server), tokenizer)
+    raise SpecdecError(f"unknown bench method {m!r}; choose from "
+                       f"{', '.join(SPECDEC_METHODS + HF_METHODS + tuple(LLAMA_CPP_METHODS))} (NAME:K fixes K)")
+
+
 def run_bench(methods: list[str], temperatures: list[float], tasks: list[str], target: str | None,
               draft: str | None, max_new_tokens: int, per_task: int, draft_tokens: int | None,
-              dtype: str = "float32", heads: dict | None = None, repeats: int = 1, log=print) -> list[Row]:
-    target_dir = Path(target) if target else DEFAULT_TARGET
-    draft_dir = Path(draft) if draft else (DEFAULT_DRAFT if target is None else None)
-    heads = heads or {}
-    prompts = [p for p in build_suite(per_task) if p.task in tasks]
-    runners = {}
-    for m in methods:
-        base, _, fixed = m.partition(":")  # "draft:4" = draft with a fixed K of 4
-        k = int(fixed) if fixed.isdigit() else draft_tokens
-        if fixed and not fixed.isdigit():
-            raise SpecdecError(f"bad method {m!r}: use NAME or NAME:K with an integer K")
-        if base in SPECDEC_METHODS:
-            drafter = {"draft": draft, "medusa": heads.get("medusa"), "eagle": heads.get("eagle")}.get(base)
-            runners[m] = SpecdecRunner(load(target=target, draft=drafter, method=base, dtype=dtype,
-                                            draft_tokens=k))
-        elif base in PEER_METHODS and not fixed:
-            if m == "hf-assisted" and draft_dir is None:
-                raise SpecdecError("hf-assisted needs a draft model (--draft)")
-            tok = load(target=target).tokenizer
-            runners[m] = PeerRunner(m, target_dir, draft_dir, tok)
-        else:
-            raise SpecdecError(f"unknown bench method {m!r}; choose from "
-                               f"{', '.join(SPECDEC_METHODS + PEER_METHODS)} (NAME:K fixes K)")
-    for runner in runners.values():  # warm-up
-        runner.run(prompts[0].text, 0.0, 8, 0)
-    rows = []
-    for task in tasks:
-        task_prompts = [p for p in prompts if p.task == task]
-        for temp in temperatures:
-            plain_tps = None
-            # round robin over methods, prompt by prompt: drifts in machine speed hit all alike
-            runs: dict[str, list] = {m: [] for m in runners}
-            for i in range(repeats * len(task_prompts)):
-                for m, runner in runners.items():
-                    runs[m].append(runner.run(task_prompts[i % len(task_prompts)].text, temp, max_new_tokens, seed=i))
-            for m, runner in runners.items():
-                s = GenerationStats.merge(runs[m])
-                row = Row(m, task, temp, s.new_tokens, round(s.wall_seconds, 3), round(s.tokens_per_second, 2),
-                          model_memory_mb=round(runner.memory_mb(), 1))
-                if m == "none":
-                    plain_tps = s.tokens_per_second
-                if m.partition(":")[0] in SPECDEC_METHODS and m != "none":
-                    row.mean_accepted_length = round(s.mean_accepted_length, 3)
-                    row.acceptance_rate = round(s.acceptance_rate, 3)
-                    row.mean_draft_tokens = round(s.drafted_tokens / max(1, s.target_forwards), 2)
-                    if plain_tps:
-                        bound = cost_model_bound(s, 1.0 / plain_tps)
-                        row.cost_model_bound = round(bound, 3) if bound else None
-                rows.append(row)
-                log(f"{task:9s} T={temp:<4} {m:12s} {row.tokens_per_second:8.1f} tok/s")
-            if plain_tps:
-                for row in rows:
-                    if row.task == task and row.temperature == temp:
-                        row.speedup = round(row.tokens_per_second / plain_tps, 3)
+              dtype: str = "float32", heads: dict | None = None, repeats: int = 1, log=print,
+              llama_server: Path | None = None, llama_gguf: Path | None = None) -> list[Row]:
+    """Every method on every prompt of `tasks` at each temperature; llama.cpp runs `llama_gguf`
+    (default: the target rewritten as GGUF in `dtype`)."""
+    setup = dict(target=target, draft=draft, dtype=dtype, heads=heads or {}, draft_tokens=draft_tokens,
+                 llama_server=llama_server, llama_gguf=llama_gguf)
+    tokenizer = TextTokenizer(target or DEFAULT_TARGET)
+    template = ChatTemplate.from_tokenizer_config(tokenizer.config)
+    prompts = render_chat(build_suite(per_task, tasks), template)
+    with ExitStack() as stack:
+        runners = {m: make_runner(m, setup, stack, tokenizer) for m in methods}
+        for runner in runners.values():  # warm-up
+            runner.run(prompts[0].text, 0.0, 8, 0)
+        rows = []
+        for task in tasks:
+            for temp in temperatures:
+                rows += measure_task([p.text for p in prompts if p.task == task], task, temp, runners,
+                                     max_new_tokens, repeats, log)
+    return rows
+
+
+def measure_task(texts: list[str], task: str, temp: float, runners: dict, max_new_tokens: int, repeats: int,
+                 log) -> list[Row]:
+    # round robin over methods, prompt by prompt: drifts in machine speed hit all alike
+    runs: dict[str, list] = {m: [] for m in runners}
+    for i in range(repeats * len(texts)):
+        for m, runner in runners.items():
+            runs[m].append(runner.run(texts[i % len(texts)], temp, max_new_tokens, seed=i))
+    rows, plain_tps = [], None
+    for m, runner in runners.items():
+        s = GenerationStats.merge(runs[m])
+        memory, rss = runner.memory_mb(), runner.peak_rss_mb()
+        row = Row(m, task, temp, s.new_tokens, round(s.wall_seconds, 3), round(s.tokens_per_second, 2),
+                  model_memory_mb=None if memory is None else round(memory, 1),
+                  peak_rss_mb=None if rss is None else round(rss, 1))
+        if m == "none":
+            plain_tps = s.tokens_per_second
+        if runner.speculative and s.target_forwards:  # transformers reports no per-step counts
+            row.mean_accepted_length = round(s.new_tokens / s.target_forwards, 3)
+            row.acceptance_rate = round(s.accepted_tokens / s.drafted_tokens, 3) if s.drafted_tokens else 0.0
+            row.mean_draft_tokens = round(s.drafted_tokens / s.target_forwards, 2)
+            if plain_tps and isinstance(runner, SpecdecRunner):
+                bound = cost_model_bound(s, 1.0 / plain_tps)
+                row.cost_model_bound = round(bound, 3) if bound else None
+        rows.append(row)
+        log(f"{task:9s} T={temp:<4} {m:16s} {row.tokens_per_second:8.1f} tok/s")
+    for row in rows:
+        row.speedup = round(row.tokens_per_second / plain_tps, 3) if plain_tps else None
     return rows
 
 
@@ -167,13 +186,16 @@ def print_table(rows: list[Row]) -> None:
     Table = require("rich.table", "bench", "the bench table").Table
     table = Table(title="specdec bench (speedup = tokens/s ratio to `none` in the same run)")
     for col in ("task", "T", "method", "tok/s", "speedup", "mean acc. len", "acc. rate", "mean K",
-                "bound", "mem MB"):
+                "bound", "mem MB", "peak RSS MB"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(r.task, f"{r.temperature:g}", r.method, _fmt(r.tokens_per_second, "{:.1f}"),
                       _fmt(r.speedup), _fmt(r.mean_accepted_length), _fmt(r.acceptance_rate),
-                      _fmt(r.mean_draft_tokens), _fmt(r.cost_model_bound), _fmt(r.model_memory_mb, "{:.0f}"))
-    require("rich.console", "bench", "the bench table").Console().print(table)
+                      _fmt(r.mean_draft_tokens), _fmt(r.cost_model_bound), _fmt(r.model_memory_mb, "{:.0f}"),
+                      _fmt(r.peak_rss_mb, "{:.0f}"))
+    # wide enough for every column when the table goes to a file, not a terminal
+    console = require("rich.console", "bench", "the bench table").Console
+    (console() if sys.stdout.isatty() else console(width=160)).print(table)
 
 
 def plot(rows: list[Row], path: str) -> None:
@@ -211,32 +233,46 @@ def check_extras(methods: list[str], plot_path: str | None) -> None:
     require("rich.table", "bench", "the bench table")
     if plot_path:
         require("matplotlib", "bench", "--plot")
-    if any(m in PEER_METHODS for m in methods):
+    if any(m in HF_METHODS for m in methods):
         require("transformers", "bench", "the transformers peer (hf, hf-assisted, hf-lookup)")
 
 
+def _names(text: str | None) -> list[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    for t in tasks:
-        if t not in TASKS:
-            raise SpecdecError(f"unknown task {t!r}; choose from {', '.join(TASKS)}")
     if args.repeats < 1 or args.prompts < 1:
         raise SpecdecError("--repeats and --prompts must be >= 1")
     temps = _floats(args.temperatures)
     if any(t < 0 for t in temps):
         raise SpecdecError("temperatures must be >= 0")
+    tasks = _names(args.tasks) or default_tasks(TextTokenizer(args.target or DEFAULT_TARGET))
+    for t in tasks:
+        if t not in TASKS:
+            raise SpecdecError(f"unknown task {t!r}; choose from {', '.join(TASKS)}")
+    llama_server = find_llama_server(args.llama_cpp)
+    methods = _names(args.methods) or default_methods(args.target, args.draft, llama_server)
+    llama_gguf = Path(args.llama_cpp_gguf) if args.llama_cpp_gguf else None
+    if llama_gguf is not None and not llama_gguf.is_file():
+        raise SpecdecError(f"--llama-cpp-gguf {str(llama_gguf)!r} is not a file")
     check_extras(methods, args.plot)
     apply_threads(args)
     rows = run_bench(methods, temps, tasks, args.target, args.draft, args.max_new_tokens, args.prompts,
                      args.draft_tokens, args.dtype, {"medusa": args.medusa, "eagle": args.eagle},
-                     args.repeats)
+                     args.repeats, llama_server=llama_server, llama_gguf=llama_gguf)
     print_table(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": torch.get_num_threads(), "dtype": args.dtype,
+        llama_cpp = None
+        if any(m.partition(":")[0] in LLAMA_CPP_METHODS for m in methods):
+            llama_cpp = {"server": str(llama_server), "version": server_version(llama_server),
+                         "gguf": str(llama_gguf) if llama_gguf else f"target written as GGUF in {args.dtype}"}
+        Path(args.json).write_text(json.dumps({"target": args.target or DEFAULT_TARGET.name,
+                                               "threads": torch.get_num_threads(), "dtype": args.dtype,
                                                "max_new_tokens": args.max_new_tokens,
                                                "prompts_per_task": args.prompts, "repeats": args.repeats,
-                                               "rows": [asdict(r) for r in rows]}, indent=2))
+                                               "llama_cpp": llama_cpp, "rows": [asdict(r) for r in rows]},
+                                              indent=2))
     if args.plot:
         plot(rows, args.plot)
     return 0
@@ -244,13 +280,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def add_parser(sub) -> None:
     b = sub.add_parser("bench", help="benchmark methods side by side (speedup vs none)")
-    b.add_argument("--methods", default="none,draft,ngram,medusa,eagle,hf,hf-assisted,hf-lookup")
+    b.add_argument("--methods", help="comma-separated (default: every method this target can run, incl. "
+                                     "the transformers peer and llama.cpp when found)")
     b.add_argument("--temperatures", default="0,0.7,1.0")
-    b.add_argument("--tasks", default="code,edit,freetext")
+    b.add_argument("--tasks", help=f"comma-separated from {', '.join(TASKS)} (default: code,chat,rewrite "
+                                   "for a model with a chat template, else code,edit,freetext)")
     add_checkpoint_args(b, draft_help="draft model for draft and hf-assisted (default: the bundled one "
                                       "for the bundled target)")
     b.add_argument("--medusa", help="Medusa heads folder (default: bundled, for the bundled target)")
     b.add_argument("--eagle", help="EAGLE head folder (default: bundled, for the bundled target)")
+    b.add_argument("--llama-cpp", metavar="DIR", help=f"llama.cpp build folder holding llama-server "
+                                                      f"(default: ${ENV_VAR}, else llama-server on PATH)")
+    b.add_argument("--llama-cpp-gguf", metavar="FILE", help="GGUF for the llama.cpp methods (default: the "
+                                                            "target written as GGUF in --dtype: the same weights)")
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--prompts", type=int, default=3, help="prompts per task")
     b.add_argument("--repeats", type=int, default=1, help="passes over the prompts (methods take turns)")

@@ -1,4 +1,4 @@
-"""Command-line interface: generate, models, bench, verify, train, serve. Each subcommand
+"""Command-line interface: generate, chat, models, bench, verify, train, serve, convert. Each subcommand
 module registers itself here with an add_parser(sub) call; shared options live in
 specdec.cli_common."""
 from __future__ import annotations
@@ -79,7 +79,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specdec import bench, convert, lossless_check
+    from specdec import bench, chat_cli, convert, lossless_check
     from specdec.server import cli as server_cli
     from specdec.train import cli as train_cli
 
@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--n", type=int, default=1, help="number of independent samples")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
+
+    chat_cli.add_parser(sub)
 
     m = sub.add_parser("models", help="list bundled models")
     m.set_defaults(func=cmd_models)

@@ -15,6 +15,7 @@ EXTRAS = {
     "train": ("rich",),
     "gguf": ("gguf", "transformers"),
     "server": ("fastapi", "uvicorn", "prometheus_client", "jinja2"),
+    "chat": ("jinja2",),
 }
 
 

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import specdec
 from specdec.bench import SpecdecRunner
@@ -52,3 +53,68 @@ def test_bench_rejects_unknown_method(tmp_path, capsys):
     target = make_model_dir(tmp_path / "t", layers=1, max_pos=2048)
     assert main(["bench", "--target", str(target), "--methods", "none,warp"]) == 2
     assert "unknown bench method" in capsys.readouterr().err
+
+
+def test_suite_keeps_raw_tasks_and_adds_instruction_tasks():
+    from specdec.prompts import CHAT_TASKS, RAW_TASKS, build_suite, rename_target
+
+    suite = build_suite(3)
+    assert [p.task for p in suite] == [t for t in RAW_TASKS + CHAT_TASKS for _ in range(3)]
+    assert [p.text for p in build_suite(3, RAW_TASKS)] == [p.text for p in suite[:9]]
+    assert all(p.messages is None for p in suite[:9])
+    for p in suite[9:]:
+        assert p.messages == [{"role": "user", "content": p.text}] and "```python\ndef " in p.text
+    for p in [p for p in suite if p.task == "rewrite"]:
+        old = p.text.split("`")[1]
+        assert old == rename_target(p.text.split("```python\n")[1].split("```")[0])
+        assert p.text.count(old) >= 4  # the instruction names it, the code uses it at least 3 times
+    assert [p.task for p in build_suite(2, ["rewrite", "code"])] == ["code", "code", "rewrite", "rewrite"]
+
+
+def test_rename_target_picks_the_most_used_parameter():
+    from specdec.prompts import rename_target
+
+    src = "def f(self, a, items, b):\n    for x in items:\n        a += x * items[0] + b\n    return a, items\n"
+    assert rename_target(src) == "items"
+    assert rename_target("def g(a):\n    return a\n") is None  # used twice only
+    assert rename_target("    def h(self):\n") is None  # not parseable on its own
+
+
+def test_chat_prompts_render_with_the_models_template():
+    from specdec.chat_template import ChatTemplate
+    from specdec.prompts import build_suite, render_chat
+
+    chatml = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    suite = build_suite(1, ["code", "chat"])
+    rendered = render_chat(suite, ChatTemplate(chatml))
+    assert rendered[0].text == suite[0].text  # raw-text task untouched
+    assert rendered[1].text == f"<|im_start|>user\n{suite[1].text}<|im_end|>\n<|im_start|>assistant\n"
+    assert render_chat(suite, ChatTemplate())[1].text == f"user: {suite[1].text}\nassistant: "
+
+
+def test_defaults_follow_the_target(tmp_path):
+    from specdec.bench import default_methods, default_tasks
+    from specdec.text import TextTokenizer
+
+    assert default_methods(None, None, None) == ["none", "draft", "ngram", "medusa", "eagle", "hf",
+                                                  "hf-assisted", "hf-lookup"]
+    target = make_model_dir(tmp_path / "t", layers=1)
+    assert default_methods(str(target), None, Path("llama-server")) == ["none", "ngram", "hf", "hf-lookup",
+                                                                         "llama.cpp", "llama.cpp-ngram"]
+    assert "hf-assisted" in default_methods(str(target), "some-draft", None)
+    assert default_tasks(TextTokenizer(target)) == ["code", "edit", "freetext"]
+    config_path = target / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    config_path.write_text(json.dumps({**config, "chat_template": "{{ messages }}"}))
+    assert default_tasks(TextTokenizer(target)) == ["code", "chat", "rewrite"]
+
+
+def test_bench_chat_tasks_on_a_model_without_template(tmp_path):
+    target = make_model_dir(tmp_path / "t", layers=1, max_pos=2048)
+    out = tmp_path / "b.json"
+    assert main(["bench", "--target", str(target), "--methods", "none,ngram", "--tasks", "chat,rewrite",
+                 "--temperatures", "0", "--prompts", "1", "--max-new-tokens", "4", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["task"], r["method"]) for r in rows] == [("chat", "none"), ("chat", "ngram"), ("rewrite", "none"),
+                                                        ("rewrite", "ngram")]

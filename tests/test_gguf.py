@@ -268,7 +268,7 @@ def test_k_quant_tensors_load_as_gguf_dequantizes_them(tiny_dir, tmp_path, kind)
 # ---------------------------------------------------------------- chat template
 
 def test_chat_template_comes_from_gguf_metadata_and_chat_template_jinja(tiny_dir, tmp_path):
-    from specdec.server.chat import ChatTemplate
+    from specdec.chat_template import ChatTemplate
 
     source = open_model(tiny_dir)
     tok, tok_cfg = source.tokenizer()

@@ -106,3 +106,23 @@ def test_sharded_checkpoint(tmp_path):
     (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     m = load_native(path)
     assert torch.equal(m.model.embed_tokens.weight, state["model.embed_tokens.weight"])
+
+
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[4]], ids=["llama", "qwen2-bias"])
+def test_fused_projections_keep_names_weights_and_logits(config, tmp_path):
+    """Fusing Q/K/V and gate/up changes the kernels, not the model: same state_dict names and
+    tensors (shared, not copied), the same logits, and a save that reloads unfused."""
+    path = make_model_dir(tmp_path / "m", tokenizer="char", vocab_size=50, **config)
+    plain, fused = load_native(path, "float64"), load_native(path, "float64").fuse_projections()
+    assert list(plain.state_dict()) == list(fused.state_dict())
+    for name, tensor in plain.state_dict().items():
+        assert torch.equal(tensor, fused.state_dict()[name]), name
+    attn = fused.model.layers[0].self_attn
+    assert attn.q_proj.weight.data_ptr() == attn.qkv.weight.data_ptr()  # a view, not a copy
+    ids = torch.randint(0, 50, (1, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.allclose(plain(ids), fused(ids), atol=1e-12, rtol=0)
+    save_native(fused, tmp_path / "saved")
+    reloaded = load_native(tmp_path / "saved", "float64")
+    with torch.no_grad():
+        assert torch.allclose(plain(ids), reloaded(ids), atol=1e-12, rtol=0)

@@ -19,9 +19,9 @@ openai = pytest.importorskip("openai")
 import uvicorn  # noqa: E402
 
 import specdec  # noqa: E402
+from specdec.chat_template import DEFAULT_TEMPLATE, ChatTemplate, ChatTemplateError  # noqa: E402
 from specdec.sampling import SAMPLING_BOUNDS  # noqa: E402
 from specdec.server.app import ServerSettings, create_app  # noqa: E402
-from specdec.server.chat import DEFAULT_TEMPLATE, ChatTemplate, ChatTemplateError  # noqa: E402
 from specdec.server.metrics import accepted_per_position  # noqa: E402
 
 from helpers import make_model_dir  # noqa: E402

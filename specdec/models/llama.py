@@ -86,6 +86,31 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+class FusedLinear:
+    """Several projections of the same input as one matmul: at decode time a pass reads each
+    weight once in one large kernel instead of several small ones. The original Linear
+    modules keep their (checkpoint) names, their weights re-pointed at slices of the fused
+    matrix, so state_dict(), saving and training see the same parameters and memory is not
+    doubled. Not a module: the fused matrix must not appear in state_dict()."""
+
+    def __init__(self, linears: list[nn.Linear]):
+        self.sizes = [lin.out_features for lin in linears]
+        self.weight = torch.cat([lin.weight.detach() for lin in linears])
+        has_bias = [lin.bias is not None for lin in linears]
+        self.bias = torch.cat([lin.bias.detach() for lin in linears]) if all(has_bias) else None
+        if any(has_bias) and not all(has_bias):
+            raise ValueError("fusing linears needs all or none of them to have a bias")
+        start = 0
+        for lin, size in zip(linears, self.sizes):
+            lin.weight = nn.Parameter(self.weight[start:start + size], requires_grad=lin.weight.requires_grad)
+            if self.bias is not None:
+                lin.bias = nn.Parameter(self.bias[start:start + size], requires_grad=lin.bias.requires_grad)
+            start += size
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -95,12 +120,20 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, nkv * hd, bias=config.qkv_bias)
         self.o_proj = nn.Linear(nh * hd, config.hidden_size, bias=False)
         self.nh, self.nkv, self.hd = nh, nkv, hd
+        self.qkv: FusedLinear | None = None  # set by fuse(): one matmul instead of three
+
+    def fuse(self) -> None:
+        self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
+        if self.qkv is not None:
+            q, k, v = self.qkv(x)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(B, T, self.nh, self.hd).transpose(1, 2)
+        k = k.view(B, T, self.nkv, self.hd).transpose(1, 2)
+        v = v.view(B, T, self.nkv, self.hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         if cache is not None:
@@ -117,9 +150,17 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up: FusedLinear | None = None  # set by fuse()
+
+    def fuse(self) -> None:
+        self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up is not None:
+            gate, up = self.gate_up(x)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -169,6 +210,14 @@ class LlamaModel(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
+
+    def fuse_projections(self) -> LlamaModel:
+        """Q/K/V and gate/up as one matmul each (for inference; see FusedLinear). Call after
+        the final .to(dtype/device): moving the model afterwards would un-share the weights."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self
 
     @property
     def dtype(self) -> torch.dtype:

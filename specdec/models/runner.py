@@ -50,8 +50,8 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
 class NativeRunner:
     supports_tree = True
 
-    def __init__(self, model: LlamaModel, max_len: int | None = None):
-        self.model = model
+    def __init__(self, model: LlamaModel, max_len: int | None = None, fuse: bool = True):
+        self.model = model.fuse_projections() if fuse else model
         self.vocab_size = model.config.vocab_size
         self.max_len = min(max_len or model.config.max_position_embeddings,
                            model.config.max_position_embeddings)

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from specdec.api import SpecDecoder
-from specdec.server.chat import ChatTemplate
+from specdec.chat_template import ChatTemplate
 from specdec.server.metrics import Metrics
 from specdec.server.validation import RequestParser
 from specdec.server.worker import EngineWorker

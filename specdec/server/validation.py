@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specdec.chat_template import ChatTemplate, ChatTemplateError
 from specdec.sampling import SAMPLING_BOUNDS, Bounds, is_integer, is_number
-from specdec.server.chat import ChatTemplate, ChatTemplateError, parse_messages
+from specdec.server.chat import parse_messages
 from specdec.server.errors import bad_request
 from specdec.server.fields import check_model, check_text, describe, get_bool, get_number, get_str
 

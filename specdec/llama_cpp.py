@@ -1,0 +1,177 @@
+"""Drive a llama.cpp `llama-server` process over HTTP, as a peer to measure against and as a
+check that the GGUF files specdec writes run in llama.cpp with the same greedy tokens.
+
+One server per configuration (plain, or one speculative type); prompts are sent as token ids
+(so every engine sees exactly the same ids, and llama.cpp adds no BOS), with `cache_prompt`
+off (every request pays for its prompt, as specdec's generate() does) and a sampler chain of
+temperature alone (llama.cpp's default chain adds top-k 40, top-p 0.95, min-p 0.05)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdec.errors import SpecdecError
+
+ENV_VAR = "SPECDEC_LLAMA_CPP"  # a llama.cpp build folder (holding llama-server) or the binary
+SERVER = "llama-server"
+# --spec-type arguments per bench configuration. ngram-simple with a 3-token key and up to 8
+# drafted tokens matches specdec's own prompt lookup (n-grams of 3..1 tokens, K <= 8);
+# ngram-mod is llama.cpp's own n-gram drafter with its default settings.
+SPEC_ARGS = {
+    "none": [],
+    "ngram": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8"],
+    "ngram-mod": ["--spec-type", "ngram-mod"],
+}
+
+
+def find_llama_server(where: str | Path | None = None) -> Path | None:
+    """llama-server from `where` (a build folder or the binary), else $SPECDEC_LLAMA_CPP, else
+    PATH; None when none is found. A folder that was named but holds no server is an error."""
+    named = where or os.environ.get(ENV_VAR)
+    if named:
+        path = Path(named)
+        binary = path / SERVER if path.is_dir() else path
+        if not (binary.is_file() and os.access(binary, os.X_OK)):
+            raise SpecdecError(f"no executable {SERVER} in {str(path)!r} (from "
+                               f"{'--llama-cpp' if where else ENV_VAR}); build llama.cpp or point at its bin folder")
+        return binary
+    found = shutil.which(SERVER)
+    return Path(found) if found else None
+
+
+def server_version(binary: str | Path) -> str | None:
+    """`llama-server --version`'s line, e.g. "version: 11434 (abc123)"; None if it says nothing."""
+    try:
+        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("version")]
+    return lines[0].strip() if lines else None
+
+
+@dataclass
+class Completion:
+    tokens: list[int]  # generated token ids
+    seconds: float  # wall-clock time of the request, prompt processing included
+    draft_n: int = 0  # tokens drafted (speculative configurations)
+    draft_n_accepted: int = 0
+    timings: dict = field(default_factory=dict)  # llama.cpp's own timings object
+
+    @property
+    def target_passes(self) -> int:
+        """Decoding passes, counted as specdec counts them: each yields one token of the
+        target's own plus the drafts it accepted."""
+        return len(self.tokens) - self.draft_n_accepted
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaServer:
+    """A llama-server process on one GGUF; use as a context manager (start/stop)."""
+
+    def __init__(self, binary: str | Path, gguf: str | Path, threads: int, ctx: int = 4096,
+                 spec: str = "none", startup_seconds: float = 120.0):
+        if spec not in SPEC_ARGS:
+            raise SpecdecError(f"unknown llama.cpp configuration {spec!r}; choose from {', '.join(SPEC_ARGS)}")
+        self.binary, self.gguf, self.spec = Path(binary), Path(gguf), spec
+        self.threads, self.ctx, self.startup_seconds = threads, ctx, startup_seconds
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+        self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
+
+    def command(self) -> list[str]:
+        return [str(self.binary), "-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(self.port),
+                "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.ctx), "-np", "1",
+                "--no-webui", *SPEC_ARGS[self.spec]]
+
+    def start(self) -> LlamaServer:
+        self.port = _free_port()
+        self.process = subprocess.Popen(self.command(), stdout=self.log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + self.startup_seconds
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise SpecdecError(f"{SERVER} exited with status {self.process.returncode} while loading "
+                                   f"{str(self.gguf)!r}:\n{self.log_tail()}")
+            try:
+                if self._request("GET", "/health", timeout=2).get("status") == "ok":
+                    return self
+            except (OSError, SpecdecError):
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise SpecdecError(f"{SERVER} did not become ready within {self.startup_seconds:.0f} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+    def __enter__(self) -> LlamaServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def log_tail(self, lines: int = 15) -> str:
+        self.log.flush()
+        text = Path(self.log.name).read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def peak_rss_bytes(self) -> int | None:
+        """The server's peak resident memory (VmHWM; Linux), or None when unknown."""
+        try:
+            for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        except (OSError, AttributeError, ValueError):
+            pass
+        return None
+
+    def complete(self, prompt_ids: list[int], n_predict: int, temperature: float = 0.0,
+                 seed: int = 0, ignore_eos: bool = True) -> Completion:
+        """Generate `n_predict` tokens after `prompt_ids`; temperature 0 is greedy."""
+        body = {"prompt": list(prompt_ids), "n_predict": n_predict, "temperature": temperature,
+                "seed": seed, "ignore_eos": ignore_eos, "cache_prompt": False, "return_tokens": True,
+                "samplers": ["temperature"], "top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0,
+                "repeat_penalty": 1.0, "n_probs": 0}
+        t0 = time.perf_counter()
+        out = self._request("POST", "/completion", body, timeout=600)
+        seconds = time.perf_counter() - t0
+        timings = out.get("timings") or {}
+        return Completion(list(out.get("tokens") or []), seconds, int(timings.get("draft_n", 0)),
+                          int(timings.get("draft_n_accepted", 0)), timings)
+
+    def tokenize(self, text: str) -> list[int]:
+        """llama.cpp's token ids for `text` (special tokens parsed, no BOS added)."""
+        out = self._request("POST", "/tokenize", {"content": text, "add_special": False, "parse_special": True})
+        return list(out.get("tokens") or [])
+
+    def _request(self, method: str, route: str, body: dict | None = None, timeout: float = 60) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{route}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:500]
+            raise SpecdecError(f"{SERVER} answered {e.code} on {route}: {detail}") from None
