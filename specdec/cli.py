@@ -28,8 +28,10 @@ class _Parser(argparse.ArgumentParser):
 def cmd_generate(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise SpecdecError(f"--n must be >= 1, got {args.n}")
+    if args.logprobs is not None and not args.json:
+        raise SpecdecError("--logprobs is reported in the JSON output: add --json")
     decoder = load_decoder(args)
-    options = sampling(args)
+    options = dict(sampling(args), logprobs=args.logprobs)
     decoder.sampling_params(**options)  # validate before any output
     results = []
     for i in range(args.n):
@@ -49,13 +51,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
     stats = GenerationStats.merge([r.stats for r in results])
     if args.json:
         d = stats.to_dict()
-        out = {"samples": [{"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason}
-                           for r in results],
-               "stats": {k: d[k] for k in JSON_STATS}}
+        out = {"samples": [sample_json(decoder, r) for r in results], "stats": {k: d[k] for k in JSON_STATS}}
         print(json.dumps(out))
     else:
         print(stats_line(stats), file=sys.stderr)
     return 0
+
+
+def sample_json(decoder, result) -> dict:
+    """One sample of `generate --json`; with --logprobs, each token's logprob (the target
+    model's raw distribution) and its most likely alternatives."""
+    out = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason}
+    if result.token_logprobs is not None:
+        from specdec.logprobs import token_texts
+
+        texts = token_texts(decoder.tokenizer)
+        out["logprobs"] = [{"token_id": e.token, "token": texts.text(e.token), "logprob": e.logprob,
+                            "top_logprobs": [{"token_id": t, "token": texts.text(t), "logprob": lp} for t, lp in e.top]}
+                           for e in result.token_logprobs]
+    return out
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -92,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(g)
     g.add_argument("--n", type=int, default=1, help="number of independent samples")
     g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="with --json: each token's log-probability under the target model and its N most "
+                        "likely alternatives (0-20)")
     g.set_defaults(func=cmd_generate)
 
     chat_cli.add_parser(sub)

@@ -31,6 +31,10 @@ def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHOD
     p.add_argument("--typical-acceptance", action="store_true",
                    help="LOSSY: Medusa's typical acceptance for tree methods at T > 0; the output no longer "
                         "follows the target's distribution (off by default)")
+    p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
+                   help="batch-invariant passes: greedy speculative output identical to plain decoding bit for "
+                        "bit (default: on for bfloat16/float16, off for float32/float64, where it costs more "
+                        "and rounding rarely flips a token); --no-exact: the fastest kernels")
 
 
 def add_distribution_args(p: argparse.ArgumentParser, temperature: float = 0.0) -> None:
@@ -41,8 +45,20 @@ def add_distribution_args(p: argparse.ArgumentParser, temperature: float = 0.0) 
     p.add_argument("--min-p", type=float, default=0.0)
 
 
+def add_penalty_args(p: argparse.ArgumentParser) -> None:
+    """Penalties on tokens already in the context (specdec/penalties.py)."""
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="in [-2, 2]: subtracted once from the logit of every token generated so far (OpenAI)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="in [-2, 2]: subtracted per occurrence in the generated tokens (OpenAI)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 0, 1 = off: logits of prompt and generated tokens divided by it when positive, "
+                        "multiplied when negative (Hugging Face, vLLM)")
+
+
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     add_distribution_args(p)
+    add_penalty_args(p)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -58,14 +74,16 @@ def distribution(args: argparse.Namespace) -> dict:
 
 def sampling(args: argparse.Namespace) -> dict:
     """Keyword arguments for SpecDecoder.generate()/stream()."""
-    return dict(distribution(args), max_new_tokens=args.max_new_tokens, seed=args.seed, stop=tuple(args.stop))
+    return dict(distribution(args), max_new_tokens=args.max_new_tokens, seed=args.seed, stop=tuple(args.stop),
+                presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                repetition_penalty=args.repetition_penalty)
 
 
 def load_decoder(args: argparse.Namespace, **overrides) -> SpecDecoder:
     """specdec.load() with the options of add_model_args; `overrides` replace any of them."""
     options = dict(target=args.target, draft=args.draft, method=args.method, dtype=args.dtype,
                    backend=args.backend, draft_tokens=args.draft_tokens, max_draft_tokens=args.max_draft_tokens,
-                   tree_nodes=args.tree_nodes, typical_acceptance=args.typical_acceptance)
+                   tree_nodes=args.tree_nodes, typical_acceptance=args.typical_acceptance, exact=args.exact)
     options.update(overrides)
     return load(**options)
 

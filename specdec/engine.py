@@ -12,11 +12,15 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.calibrate import PassCosts, measure_pass_costs
 from specdec.controller import Controller, DraftLengthController, TreeSizeController
 from specdec.errors import SpecdecError
+from specdec.logprobs import last_entries, token_logprobs
 from specdec.models.runner import Runner
+from specdec.penalties import TokenHistory, chain_paths, history_for, tree_paths
 from specdec.proposers.base import Proposal, Proposer
 from specdec.sampling import SamplingParams, final_probs, make_generator
+from specdec.sequence import GenerationResult, Sequence, StreamChunk
 from specdec.stats import GenerationStats, StepRecord
 from specdec.text import TextStream, TextTokenizer
 from specdec.verify import (
@@ -32,56 +36,19 @@ from specdec.verify import (
 
 
 @dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "stop" (EOS or stop string) or "length"
-    stats: GenerationStats
-    prompt_tokens: int = 0
-
-
-@dataclass
 class Verified:
     """What the target's pass kept of one proposal."""
     new_tokens: list[int]  # accepted drafts + the target's own token
     num_accepted: int
     kept: list[int]  # rows of the verify pass that stay in the cache
     target_seconds: float
-
-
-@dataclass
-class StreamChunk:
-    text: str  # new text since the previous chunk
-    token_ids: list[int]  # new token ids since the previous chunk
-    result: GenerationResult | None = None  # set on the last chunk
-    step: StepRecord | None = None  # the decode step that produced this chunk, if any
-
-
-@dataclass
-class Sequence:
-    """One generation in progress: everything the step loop carries from one step to the next.
-    (The batched engine will hold one of these per slot.)"""
-    prompt_ids: list[int]
-    params: SamplingParams
-    controller: Controller
-    generator: torch.Generator
-    rng: TorchRandom
-    text: TextStream
-    stats: GenerationStats
-    started_at: float
-    context: list[int]  # prompt + generated; the target cache holds all but its last token
-    generated: list[int]
-    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length" once done
-
-    @property
-    def remaining(self) -> int:
-        return self.params.max_new_tokens - len(self.generated)
+    logits: torch.Tensor | None = None  # the pass's logits: row kept[j] predicted new_tokens[j]
 
 
 class Engine:
     def __init__(self, target: Runner, tokenizer: TextTokenizer, proposer: Proposer | None = None,
                  method: str = "none", eos_ids: tuple[int, ...] = (), max_draft_tokens: int = 8,
-                 fixed_draft_tokens: int | None = None, typical_acceptance: bool = False):
+                 fixed_draft_tokens: int | None = None, typical_acceptance: bool = False, exact: bool = True):
         self.target = target
         self.tokenizer = tokenizer
         self.proposer = proposer
@@ -90,7 +57,20 @@ class Engine:
         self.max_draft_tokens = max_draft_tokens
         self.fixed_draft_tokens = fixed_draft_tokens
         self.typical_acceptance = typical_acceptance  # LOSSY tree acceptance, off by default
+        # batch-invariant greedy passes: each row of a verify pass gives the logits a 1-token
+        # pass would, so greedy speculative output equals plain decoding's bit for bit in any dtype
+        self.exact = exact
         self._controllers: dict[tuple, Controller] = {}
+        self.pass_costs: PassCosts | None = None  # from calibrate(): the controllers' starting costs
+
+    def calibrate(self) -> PassCosts:
+        """Time (and so warm up) the passes decoding will use; new controllers start from them."""
+        filler = min(self.eos_ids) if self.eos_ids else 0
+        tree = self.proposer is not None and self.proposer.shape == "tree"
+        max_k = max(self.proposer.tree_sizes) if tree else self.max_draft_tokens
+        self.pass_costs = measure_pass_costs(self.target, self.proposer, max_k, filler)
+        self._controllers.clear()
+        return self.pass_costs
 
     @property
     def context_window(self) -> int:
@@ -118,7 +98,8 @@ class Engine:
     def controller_for(self, params: SamplingParams) -> Controller:
         """One controller per sampling setting, kept across generations: measured costs carry
         over, and acceptance (which depends on temperature and filters) is tracked apart."""
-        key = (params.temperature, params.top_k, params.top_p, params.min_p)
+        key = (params.temperature, params.top_k, params.top_p, params.min_p, params.presence_penalty,
+               params.frequency_penalty, params.repetition_penalty, params.logit_bias)
         if key not in self._controllers:
             if len(self._controllers) >= 64:
                 self._controllers.pop(next(iter(self._controllers)))
@@ -128,7 +109,11 @@ class Engine:
     def new_controller(self) -> Controller:
         if self.proposer is not None and self.proposer.shape == "tree":
             return TreeSizeController(self.proposer.tree_sizes, fixed_size=self.fixed_draft_tokens)
-        return DraftLengthController(max_k=self.max_draft_tokens, fixed_k=self.fixed_draft_tokens)
+        controller = DraftLengthController(max_k=self.max_draft_tokens, fixed_k=self.fixed_draft_tokens)
+        if self.pass_costs is not None:
+            controller.target_seconds = dict(self.pass_costs.target_seconds)
+            controller.draft_seconds_per_token = self.pass_costs.draft_seconds_per_token
+        return controller
 
     # ---------------------------------------------------------------- one generation
     def start(self, prompt: str | list[int], params: SamplingParams) -> Sequence:
@@ -141,12 +126,18 @@ class Engine:
         seq = Sequence(prompt_ids, params, controller, generator, TorchRandom(generator),
                        TextStream(self.tokenizer, params.stop),
                        GenerationStats(self.method, lossy=self.typical_acceptance and not params.greedy),
-                       started_at, context=list(prompt_ids), generated=[])
+                       started_at, context=list(prompt_ids), generated=[],
+                       history=history_for(params, prompt_ids, self.target.vocab_size),
+                       token_logprobs=[] if params.logprobs is not None else None)
         self.target.reset()
         if self.proposer is not None:
             self.proposer.reset(prompt_ids)
+        if params.prompt_logprobs is not None:
+            seq.prompt_logprobs = [None]  # the first token has no distribution
         if len(prompt_ids) > 1:
-            self.target.extend(prompt_ids[:-1], want_hidden=self.needs_hidden)
+            logits = self.target.extend(prompt_ids[:-1], want_hidden=self.needs_hidden)
+            if params.prompt_logprobs is not None:
+                seq.prompt_logprobs += token_logprobs(logits, prompt_ids[1:], params.prompt_logprobs)
             if self.needs_hidden:
                 self.proposer.observe_target(self.target.last_hidden, prefill=True)
         seq.stats.prefill_seconds = time.perf_counter() - started_at
@@ -158,16 +149,20 @@ class Engine:
         t0 = time.perf_counter()
         room = self.target.max_len - len(seq.context)  # cache room left after the fed tokens
         budget = self._choose_budget(seq, room)
-        proposal = (self.proposer.propose(seq.context, budget, seq.params, seq.generator) if budget > 0
-                    else Proposal([]))
+        proposal = (self.proposer.propose(seq.context, budget, seq.params, seq.generator, history=seq.history)
+                    if budget > 0 else Proposal([]))
         t1 = time.perf_counter()
         verify = self._verify_chain if proposal.parents is None else self._verify_tree
-        verified = verify(seq.context[-1], proposal, seq.params, seq.rng)
+        verified = verify(seq.context[-1], proposal, seq.params, seq.rng, seq.history)
         if self.needs_hidden:
             self.proposer.observe_target(self.target.last_hidden[verified.kept])
         new, hit_eos = self._cut(verified.new_tokens, seq)
         seq.context.extend(new)
         seq.generated.extend(new)
+        if seq.history is not None:
+            seq.history.extend(new)
+        if seq.token_logprobs is not None:
+            seq.token_logprobs += token_logprobs(verified.logits[verified.kept], new, seq.params.logprobs)
         text = seq.text.push(new)
         stopped = hit_eos or seq.text.stopped
         step = StepRecord(budget=budget, drafted=len(proposal.tokens), accepted=verified.num_accepted,
@@ -190,7 +185,7 @@ class Engine:
         tail = seq.text.finish()
         seq.stats.wall_seconds = time.perf_counter() - seq.started_at
         return GenerationResult(seq.text.emitted, seq.generated, seq.finish_reason or "length", seq.stats,
-                                len(seq.prompt_ids)), tail
+                                len(seq.prompt_ids), seq.token_logprobs, seq.prompt_logprobs), tail
 
     def _choose_budget(self, seq: Sequence, room: int) -> int:
         if self.proposer is None or (self.needs_hidden and self.target.length == 0):
@@ -208,31 +203,35 @@ class Engine:
                     return tokens[:i + 1], True
         return tokens, False
 
-    def _target_pass(self, ids: list[int], **kwargs) -> tuple[torch.Tensor, float]:
+    def _target_pass(self, ids: list[int], params: SamplingParams, **kwargs) -> tuple[torch.Tensor, float]:
+        """Exact (batch-invariant) kernels for greedy decoding only: sampling is lossless in
+        distribution either way, so it keeps the fastest kernels."""
         t0 = time.perf_counter()
-        logits = self.target.extend(ids, want_hidden=self.needs_hidden, **kwargs)
+        logits = self.target.extend(ids, want_hidden=self.needs_hidden, exact=self.exact and params.greedy, **kwargs)
         return logits, time.perf_counter() - t0
 
-    def _verify_chain(self, last: int, proposal: Proposal, params: SamplingParams, rng: TorchRandom) -> Verified:
+    def _verify_chain(self, last: int, proposal: Proposal, params: SamplingParams, rng: TorchRandom,
+                      history: TokenHistory | None) -> Verified:
         """Score [last] + drafts in one pass; keep the accepted prefix in the cache."""
         drafts, start = proposal.tokens, self.target.length
-        logits, seconds = self._target_pass([last] + drafts)
-        target_probs = final_probs(logits, params)
+        logits, seconds = self._target_pass([last] + drafts, params)
+        target_probs = final_probs(logits, params, history and history.rows(chain_paths(drafts)))
         if params.greedy:
             verdict = verify_greedy(drafts, target_probs)
         else:
             verdict = verify_rejection(drafts, proposal.draft_probs, target_probs, rng)
         n = verdict.num_accepted
         self.target.rollback(start + 1 + n)
-        return Verified(drafts[:n] + [verdict.next_token], n, list(range(n + 1)), seconds)
+        return Verified(drafts[:n] + [verdict.next_token], n, list(range(n + 1)), seconds, logits)
 
-    def _verify_tree(self, last: int, proposal: Proposal, params: SamplingParams, rng: TorchRandom) -> Verified:
+    def _verify_tree(self, last: int, proposal: Proposal, params: SamplingParams, rng: TorchRandom,
+                     history: TokenHistory | None) -> Verified:
         """Score [last] + tree nodes in one pass with a tree mask; keep only the accepted path."""
         drafts, parents, start = proposal.tokens, proposal.parents, self.target.length
         depths = torch.tensor([0] + tree_depths(parents))
-        logits, seconds = self._target_pass([last] + drafts, attn_mask=tree_attention_mask(parents),
+        logits, seconds = self._target_pass([last] + drafts, params, attn_mask=tree_attention_mask(parents),
                                             positions=start + depths)
-        target_probs = final_probs(logits, params)
+        target_probs = final_probs(logits, params, history and history.rows(tree_paths(drafts, parents)))
         if params.greedy:
             verdict = verify_tree_greedy(drafts, parents, target_probs)
         elif self.typical_acceptance:
@@ -241,7 +240,8 @@ class Engine:
             verdict = verify_tree_sampling(drafts, parents, target_probs, rng, proposal.draft_probs, proposal.draws)
         kept = [0] + [1 + i for i in verdict.path]
         self.target.keep(start, kept)
-        return Verified([drafts[i] for i in verdict.path] + [verdict.next_token], len(verdict.path), kept, seconds)
+        return Verified([drafts[i] for i in verdict.path] + [verdict.next_token], len(verdict.path), kept, seconds,
+                        logits)
 
     # ---------------------------------------------------------------- the loop
     def generate(self, prompt: str | list[int], params: SamplingParams) -> GenerationResult:
@@ -255,14 +255,16 @@ class Engine:
         ended the generation, that step's tokens)."""
         seq = self.start(prompt, params)
         last_step = None
+        prompt_logprobs = seq.prompt_logprobs  # handed out with the first chunk
         while seq.finish_reason is None:
             step = self.step(seq)
             if step.stopped:
                 last_step = step
                 break
-            yield StreamChunk(step.text, list(step.new_tokens), step=step)
+            yield StreamChunk(step.text, list(step.new_tokens), step=step, prompt_logprobs=prompt_logprobs,
+                              token_logprobs=last_entries(seq.token_logprobs, len(step.new_tokens)))
+            prompt_logprobs = None
         result, tail = self.finish(seq)
-        if last_step is None:
-            yield StreamChunk(tail, [], result)
-        else:
-            yield StreamChunk(last_step.text + tail, list(last_step.new_tokens), result, step=last_step)
+        tokens = list(last_step.new_tokens) if last_step is not None else []
+        yield StreamChunk((last_step.text if last_step is not None else "") + tail, tokens, result, step=last_step,
+                          token_logprobs=last_entries(seq.token_logprobs, len(tokens)), prompt_logprobs=prompt_logprobs)

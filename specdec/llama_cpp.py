@@ -83,11 +83,12 @@ class LlamaServer:
     """A llama-server process on one GGUF; use as a context manager (start/stop)."""
 
     def __init__(self, binary: str | Path, gguf: str | Path, threads: int, ctx: int = 4096,
-                 spec: str = "none", startup_seconds: float = 120.0):
+                 spec: str = "none", extra_args: tuple[str, ...] = (), startup_seconds: float = 120.0):
         if spec not in SPEC_ARGS:
             raise SpecdecError(f"unknown llama.cpp configuration {spec!r}; choose from {', '.join(SPEC_ARGS)}")
         self.binary, self.gguf, self.spec = Path(binary), Path(gguf), spec
         self.threads, self.ctx, self.startup_seconds = threads, ctx, startup_seconds
+        self.extra_args = tuple(extra_args)  # e.g. ("-fa", "off", "-ctk", "f32", "-ctv", "f32")
         self.process: subprocess.Popen | None = None
         self.port = 0
         self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
@@ -95,7 +96,7 @@ class LlamaServer:
     def command(self) -> list[str]:
         return [str(self.binary), "-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(self.port),
                 "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.ctx), "-np", "1",
-                "--no-webui", *SPEC_ARGS[self.spec]]
+                "--no-webui", *SPEC_ARGS[self.spec], *self.extra_args]
 
     def start(self) -> LlamaServer:
         self.port = _free_port()
@@ -148,7 +149,8 @@ class LlamaServer:
 
     def complete(self, prompt_ids: list[int], n_predict: int, temperature: float = 0.0,
                  seed: int = 0, ignore_eos: bool = True) -> Completion:
-        """Generate `n_predict` tokens after `prompt_ids`; temperature 0 is greedy."""
+        """Generate `n_predict` tokens after `prompt_ids`; temperature 0 is greedy. Note that
+        llama.cpp's ignore_eos bans end-of-generation tokens (specdec's samples them and goes on)."""
         body = {"prompt": list(prompt_ids), "n_predict": n_predict, "temperature": temperature,
                 "seed": seed, "ignore_eos": ignore_eos, "cache_prompt": False, "return_tokens": True,
                 "samplers": ["temperature"], "top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0,

@@ -1,8 +1,9 @@
 """`specdec verify`: a losslessness check users can run on their own models. It samples short
 continuations with a speculative method and with plain decoding and compares the two
 samples with a chi-square test of homogeneity. At temperature 0 it compares greedy outputs on
-up to 20 prompts token for token (in float64 for exact identity; in float32 it measures how
-often rounding makes the outputs diverge)."""
+up to 20 prompts token for token: identical in every dtype in exact mode (batch-invariant
+passes; the default for bfloat16/float16, --exact for any dtype); with --no-exact it measures
+how often rounding that depends on the pass width makes the outputs diverge."""
 from __future__ import annotations
 
 import argparse
@@ -95,13 +96,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     spec = load_decoder(args)
     plain = load_decoder(args, method="none", draft=None, draft_tokens=None, typical_acceptance=False)
     report = check_lossless(spec, plain, args.prompt, args.samples, args.tokens, sampling)
-    report.update(method=args.method, samples_per_method=args.samples, tokens=args.tokens, **sampling)
+    report.update(method=args.method, samples_per_method=args.samples, tokens=args.tokens, dtype=args.dtype,
+                  exact=spec.exact, **sampling)
     if args.json:
         print(json.dumps(report))
     else:
         p = "" if report["p_value"] is None else f" p-value={report['p_value']:.4g}"
+        mode = "exact" if spec.exact else "fast (--no-exact)"
         print(f"{args.method} vs none, {args.samples} samples x {args.tokens} tokens at "
-              f"T={args.temperature}:{p}\nverdict: {report['verdict']}")
+              f"T={args.temperature}, {args.dtype}, {mode} kernels:{p}\nverdict: {report['verdict']}")
     return 0 if report["verdict"].startswith(("LOSSLESS", "consistent")) else 1
 
 

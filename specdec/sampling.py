@@ -1,8 +1,9 @@
 """Logits -> the final next-token distribution, as pure functions.
 
 The verifier applies exactly this transform to both target and draft logits, so rejection
-sampling is lossless with respect to what the user asked for (temperature, top-k, top-p,
-min-p), not just the raw softmax.
+sampling is lossless with respect to what the user asked for (penalties and logit bias,
+temperature, top-k, top-p, min-p), not just the raw softmax. Penalties depend on the tokens
+before each row; penalties.py builds those per-row counts.
 
 The accepted range of each numeric field is data (SAMPLING_BOUNDS): `validate` checks it here
 and the server's request parser checks the same table, so the two can never disagree. Every
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.penalties import PenaltyRows, adjust_logits
 
 
 def is_integer(x) -> bool:
@@ -72,7 +74,17 @@ SAMPLING_BOUNDS: dict[str, Bounds] = {
     "top_p": Bounds(0.0, 1.0, low_open=True),
     "min_p": Bounds(0.0, 1.0),
     "max_new_tokens": Bounds(1, integer=True),
+    "presence_penalty": Bounds(-2.0, 2.0),  # OpenAI's range
+    "frequency_penalty": Bounds(-2.0, 2.0),
+    "repetition_penalty": Bounds(0.0, low_open=True, note="1 = off"),  # HF/vLLM: any positive value
 }
+MAX_LOGPROBS = 20  # alternatives per position, as OpenAI's top_logprobs
+# fields that may also be None (off)
+OPTIONAL_BOUNDS: dict[str, Bounds] = {
+    "logprobs": Bounds(0, MAX_LOGPROBS, integer=True),
+    "prompt_logprobs": Bounds(0, MAX_LOGPROBS, integer=True),
+}
+LOGIT_BIAS_BOUNDS = Bounds(-100.0, 100.0)  # OpenAI's range; -100 bans a token, +100 all but forces it
 
 
 @dataclass(frozen=True)
@@ -85,13 +97,46 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # keep generating past EOS (benchmarks: every run makes max_new_tokens)
+    presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
+    repetition_penalty: float = 1.0  # prompt + generated tokens: positive logits / it, negative * it
+    # token id -> bias added to its logit; a dict is accepted and stored as sorted (id, bias) pairs
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # None = off; N = record each emitted token's log-probability and the N most likely
+    # alternatives. Raw model distribution (see logprobs.py for why)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None  # the same for the prompt's tokens (from the prefill pass)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         validate(self)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the logits are adjusted before temperature (penalties.py)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
+
+
+def _bias_pairs(bias) -> tuple:
+    items = bias.items() if isinstance(bias, dict) else bias
+    try:
+        pairs = tuple((k, v) for k, v in items)
+    except (TypeError, ValueError):
+        raise SpecdecError(f"logit_bias must map token ids to biases, got {bias!r}") from None
+    for token, value in pairs:
+        if not is_integer(token) or token < 0:
+            raise SpecdecError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+        if not LOGIT_BIAS_BOUNDS.accepts(value):
+            raise SpecdecError(f"logit_bias values must be {LOGIT_BIAS_BOUNDS.requirement}, "
+                               f"got {value!r} for token {token}")
+    if len({token for token, _ in pairs}) < len(pairs):
+        raise SpecdecError("logit_bias names a token id twice")
+    return tuple(sorted((token, float(value)) for token, value in pairs))
 
 
 def validate(p: SamplingParams) -> None:
@@ -99,6 +144,10 @@ def validate(p: SamplingParams) -> None:
         value = getattr(p, name)
         if not bounds.accepts(value):
             raise SpecdecError(f"{name} must be {bounds.requirement}, got {value!r}")
+    for name, bounds in OPTIONAL_BOUNDS.items():
+        value = getattr(p, name)
+        if value is not None and not bounds.accepts(value):
+            raise SpecdecError(f"{name} must be {bounds.requirement} or None (off), got {value!r}")
     if p.seed is not None and not is_integer(p.seed):
         raise SpecdecError(f"seed must be an integer, got {p.seed!r}")
     if not isinstance(p.ignore_eos, bool):
@@ -108,9 +157,11 @@ def validate(p: SamplingParams) -> None:
             raise SpecdecError(f"stop strings must be non-empty strings, got {s!r}")
 
 
-def final_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def final_probs(logits: torch.Tensor, params: SamplingParams, history: PenaltyRows | None = None) -> torch.Tensor:
     """Final distribution over the last dimension. Greedy gives a one-hot on the argmax.
-    Computed in float64 when the logits are float64, else float32.
+    Computed in float64 when the logits are float64, else float32. history: the per-row
+    token counts when params.penalized (penalties.py), applied to the logits first; greedy is
+    then the argmax of the adjusted logits.
 
     Finite for every value validate() accepts, however extreme:
     - logits are shifted so that the largest is 0 before the division, so a tiny temperature
@@ -125,6 +176,10 @@ def final_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
       float32 or a huge temperature makes the probabilities equal."""
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     logits = logits.to(dtype)
+    if history is not None:
+        logits = adjust_logits(logits, params, history)
+    elif params.penalized:
+        raise ValueError("penalized sampling needs each row's token history (penalties.TokenHistory.rows)")
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(dtype)
     if params.top_k and params.top_k < logits.shape[-1]:

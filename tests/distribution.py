@@ -2,6 +2,7 @@
 random models and compare with the target's exact joint distribution (chi-square)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,13 +27,38 @@ def tiny_model_dir(path: Path, seed: int, scale: float) -> Path:
     return make_model_dir(path, seed=seed, scale=scale, **TINY)
 
 
+def reference_penalized(logits: torch.Tensor, params: SamplingParams, prompt: list[int],
+                        output: list[int]) -> torch.Tensor:
+    """The penalties and bias applied one token at a time in plain Python (the definition
+    penalties.py vectorises): repetition over prompt + output, presence and frequency over
+    the output, then the bias."""
+    bias = dict(params.logit_bias)
+    out = []
+    for token, x in enumerate(logits.tolist()):
+        n = output.count(token)
+        if params.repetition_penalty != 1.0 and (token in prompt or n > 0):
+            x = x / params.repetition_penalty if x > 0 else x * params.repetition_penalty
+        x = x - params.frequency_penalty * n - (params.presence_penalty if n > 0 else 0.0) + bias.get(token, 0.0)
+        out.append(x)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def unpenalized(params: SamplingParams) -> SamplingParams:
+    return replace(params, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, logit_bias=())
+
+
+def reference_probs(logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """The final distribution after prompt + output, penalties applied by the reference."""
+    return final_probs(reference_penalized(logits, params, prompt, output), unpenalized(params))
+
+
 def exact_joint(target_dir: Path, params: SamplingParams) -> dict:
     model = specdec.load(target=target_dir, dtype="float64").engine.target.model
     out = {}
     with torch.no_grad():
-        first = final_probs(model(torch.tensor([PROMPT]))[0, -1], params)
+        first = reference_probs(model(torch.tensor([PROMPT]))[0, -1], params, PROMPT, [])
         for a in range(V):
-            second = final_probs(model(torch.tensor([PROMPT + [a]]))[0, -1], params)
+            second = reference_probs(model(torch.tensor([PROMPT + [a]]))[0, -1], params, PROMPT, [a])
             for b in range(V):
                 out[(a, b)] = float(first[a] * second[b])
     return out
@@ -69,3 +95,19 @@ def chi_square_p(counts: dict, joint: dict) -> float:
 def p_value(decoder, target_dir: Path, params_kw: dict, n: int) -> float:
     """p-value of the hypothesis that decoder samples the target's exact joint distribution."""
     return chi_square_p(sample_counts(decoder, params_kw, n), exact_joint(target_dir, SamplingParams(**params_kw)))
+
+
+class PenalizedLM:
+    """A model given as next-token distributions by prefix (enumerate.RandomLM), taken as
+    logits (log p) and passed through the penalties one prefix at a time by the reference:
+    the sequential definition of the penalised model that speculation must reproduce.
+    Tokens after `prompt` in a prefix are the generated ones."""
+
+    def __init__(self, lm, params: SamplingParams, prompt: tuple):
+        self.lm, self.params, self.prompt, self.rows = lm, params, prompt, {}
+
+    def __call__(self, prefix: tuple) -> torch.Tensor:
+        if prefix not in self.rows:
+            self.rows[prefix] = reference_probs(self.lm(prefix).log(), self.params, list(self.prompt),
+                                                list(prefix[len(self.prompt):]))
+        return self.rows[prefix]

@@ -105,3 +105,42 @@ def test_random_draft_switches_speculation_off(tmp_path):
     stats = decoder.generate(PROMPTS[0], max_new_tokens=128).stats
     ks = stats.draft_tokens_per_step
     assert sum(k == 0 for k in ks[10:]) / len(ks[10:]) > 0.85
+
+
+@pytest.fixture(scope="module")
+def plain_bf16():
+    return {}, specdec.load(dtype="bfloat16")
+
+
+def check_bf16_identity(plain_bf16, method: str, prompts: list[str], tokens: int, exact: bool = True) -> int:
+    """Prompts whose greedy bfloat16 output differs from plain decoding's."""
+    cache, plain = plain_bf16
+    decoder = specdec.load(method=method, dtype="bfloat16", draft_tokens=FIXED_BUDGET[method], exact=exact)
+    diverged = 0
+    for prompt in prompts:
+        if (prompt, tokens) not in cache:
+            cache[prompt, tokens] = plain.generate(prompt, max_new_tokens=tokens, ignore_eos=True).token_ids
+        got = decoder.generate(prompt, max_new_tokens=tokens, ignore_eos=True).token_ids
+        diverged += got != cache[prompt, tokens]
+    return diverged
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram", "medusa", "eagle"])
+def test_greedy_identity_bfloat16_exact_mode(plain_bf16, method):
+    """The dtype the models ship in: exact mode (batch-invariant verification) makes greedy
+    speculative output identical to plain decoding, not just in float64."""
+    assert check_bf16_identity(plain_bf16, method, PROMPTS[:8], 64) == 0
+
+
+def test_fast_kernels_diverge_in_bfloat16(plain_bf16):
+    """The same check on the fast path finds divergences: the identity above is not luck."""
+    assert sum(check_bf16_identity(plain_bf16, m, PROMPTS[:8], 64, exact=False)
+               for m in ("draft", "ngram", "medusa", "eagle")) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["draft", "ngram", "medusa", "eagle"])
+def test_greedy_identity_bfloat16_exact_mode_50_prompts(plain_bf16, method):
+    prompts = [p.text[-400:] for p in build_suite(17)][:50]
+    assert len(prompts) == 50
+    assert check_bf16_identity(plain_bf16, method, prompts, 128) == 0

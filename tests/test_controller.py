@@ -131,3 +131,31 @@ def test_new_sequence_probes_again_after_a_plain_phase():
     c.start_sequence()
     ks = simulate(c, 0.9, lambda k: 1.0 + 0.05 * k, 0.05, steps=60)
     assert ks[0] > 0 and sum(k > 0 for k in ks) > 50
+
+
+def test_calibrated_costs_decide_the_first_step():
+    """Seeded with measured costs, the first step is chosen by the cost model instead of a
+    blind speculative probe: a draft that costs more than it can save is not run at all."""
+    costs = {0: 1.0, 1: 1.05, 2: 1.1, 4: 1.2, 8: 1.4}
+    expensive = DraftLengthController(max_k=8, target_seconds=dict(costs), draft_seconds_per_token=5.0)
+    cheap = DraftLengthController(max_k=8, target_seconds=dict(costs), draft_seconds_per_token=0.01)
+    assert expensive.choose(16) == 0
+    assert cheap.choose(16) > 0
+
+
+def test_engine_calibration_seeds_controllers_and_leaves_output_unchanged():
+    import specdec
+    from specdec.sampling import SamplingParams
+
+    calibrated = specdec.load(method="draft")
+    costs = calibrated.engine.pass_costs
+    assert set(costs.target_seconds) >= {0, 1, 8} and all(t > 0 for t in costs.target_seconds.values())
+    assert costs.draft_seconds_per_token > 0
+    controller = calibrated.engine.controller_for(SamplingParams(temperature=1.0))
+    assert controller.target_seconds == costs.target_seconds
+    assert calibrated.engine.target.length == 0  # the dummy passes left nothing in the cache
+    plain = specdec.load(method="draft", calibrate=False)
+    assert plain.engine.pass_costs is None
+    prompt = "def parse(line):"
+    want = plain.generate(prompt, max_new_tokens=24).token_ids
+    assert calibrated.generate(prompt, max_new_tokens=24).token_ids == want

@@ -1,14 +1,18 @@
 """End-to-end statistics for the chain methods: speculative sampling through the real engine
 reproduces the target's exact joint distribution of the first tokens (chi-square), and the
 same test rejects a wrong verifier. The exactness itself is proven by enumeration in
-test_verify_exact.py; this checks the wiring (caches, rollback, draft distributions)."""
+test_verify_exact.py; this checks the wiring (caches, rollback, draft distributions). With
+penalties the exact joint is computed one prefix at a time by the plain-Python reference, so
+a drafter or verifier that counts the wrong tokens at some row shows here too (power check
+included); one tree method is covered as well."""
 import pytest
 
 import specdec
 import specdec.engine
 from specdec.verify import ChainVerdict
 
-from distribution import N_QUICK, N_SLOW, p_value, tiny_model_dir
+from distribution import N_QUICK, N_SLOW, NEW, PROMPT, p_value, tiny_model_dir
+from helpers import make_eagle_dir, make_medusa_dir
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +75,60 @@ def test_speculative_sampling_matches_target_distribution(dirs, method, params_k
     decoder = specdec.load(target=target, draft=draft if method == "draft" else None, method=method,
                            draft_tokens=2)
     assert p_value(decoder, target, params_kw, N_SLOW) > 1e-3
+
+
+# ---------------------------------------------------------------- penalties
+
+# strong enough that a row counting the wrong tokens shifts the joint visibly
+PENALIZED = dict(temperature=1.0, presence_penalty=1.5, frequency_penalty=1.0, repetition_penalty=1.3,
+                 logit_bias={3: 1.0})
+
+
+@pytest.fixture(scope="module")
+def head_dirs(dirs, tmp_path_factory):
+    target, _ = dirs
+    return {"medusa": make_medusa_dir(tmp_path_factory.mktemp("medusa"), target),
+            "eagle": make_eagle_dir(tmp_path_factory.mktemp("eagle"), target)}
+
+
+def test_penalized_draft_sampling_matches_target(dirs):
+    target, draft = dirs
+    decoder = specdec.load(target=target, draft=draft, method="draft", draft_tokens=2)
+    assert p_value(decoder, target, PENALIZED, N_QUICK) > 1e-3
+
+
+def test_penalized_tree_sampling_matches_target(dirs, head_dirs):
+    target, _ = dirs
+    decoder = specdec.load(target=target, draft=head_dirs["medusa"], method="medusa", draft_tokens=12)
+    assert p_value(decoder, target, PENALIZED, N_QUICK) > 1e-3
+    assert decoder.generate(PROMPT, max_new_tokens=NEW, seed=0, **PENALIZED).stats.drafted_tokens > 0
+
+
+def test_counts_that_ignore_the_drafts_fail_the_same_test(dirs, monkeypatch):
+    """Power check: the target's rows penalised for the context only, not for the drafts
+    before each row."""
+    monkeypatch.setattr(specdec.engine, "chain_paths", lambda drafts: [[] for _ in range(len(drafts) + 1)])
+    target, draft = dirs
+    decoder = specdec.load(target=target, draft=draft, method="draft", draft_tokens=2)
+    assert p_value(decoder, target, PENALIZED, N_QUICK) < 1e-3
+
+
+PENALIZED_SLOW = [
+    ("draft", dict(temperature=0.7, top_k=6, presence_penalty=-1.0, frequency_penalty=2.0)),
+    ("ngram", PENALIZED),
+    ("ngram", dict(temperature=1.0, repetition_penalty=0.6, logit_bias={1: -2.0, 5: 2.0})),
+    ("medusa", dict(temperature=0.8, top_p=0.9, presence_penalty=2.0, repetition_penalty=1.5)),
+    ("eagle", PENALIZED),
+    ("eagle", dict(temperature=1.0, frequency_penalty=-1.5, logit_bias={2: 3.0})),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,params_kw", PENALIZED_SLOW, ids=[f"{m}-{p}" for m, p in PENALIZED_SLOW])
+def test_penalized_sampling_matches_target_distribution(dirs, head_dirs, method, params_kw):
+    target, draft = dirs
+    drafter = {"draft": draft, "ngram": None, **head_dirs}[method]
+    budget = {"draft": 2, "ngram": 2, "medusa": 12, "eagle": 8}[method]
+    decoder = specdec.load(target=target, draft=drafter, method=method, draft_tokens=budget)
+    assert p_value(decoder, target, params_kw, N_SLOW) > 1e-3
+    assert decoder.generate(PROMPT, max_new_tokens=NEW, seed=0, **params_kw).stats.drafted_tokens > 0

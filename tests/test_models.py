@@ -126,3 +126,49 @@ def test_fused_projections_keep_names_weights_and_logits(config, tmp_path):
     reloaded = load_native(tmp_path / "saved", "float64")
     with torch.no_grad():
         assert torch.allclose(plain(ids), reloaded(ids), atol=1e-12, rtol=0)
+
+
+def _rows_one_by_one_and_in_one_pass(runner, prefix: list[int], tokens: list[int], exact: bool, mask=None):
+    runner.reset()
+    runner.extend(prefix)
+    one_by_one = torch.stack([runner.extend([t])[-1].clone() for t in tokens])
+    runner.reset()
+    runner.extend(prefix)
+    return one_by_one, runner.extend(tokens, attn_mask=mask, exact=exact).clone()
+
+
+def test_exact_passes_are_batch_invariant_in_bfloat16():
+    """In bfloat16, a row scored inside a 9-token pass rounds differently from the same token
+    scored in a 1-token pass; in exact mode every row equals the 1-token pass bit for bit, for
+    chains and for tree masks (here a chain-shaped tree)."""
+    from specdec.bundled import DEFAULT_TARGET
+    from specdec.models.runner import NativeRunner
+    from specdec.verify import tree_attention_mask
+
+    runner = NativeRunner(load_native(DEFAULT_TARGET, "bfloat16"), 256)
+    ids = torch.randint(10, 8000, (160,), generator=torch.Generator().manual_seed(0)).tolist()
+    differ_fast = 0
+    for start in range(100, 150, 10):
+        prefix, tokens = ids[:start], ids[start:start + 9]
+        single, fast = _rows_one_by_one_and_in_one_pass(runner, prefix, tokens, exact=False)
+        differ_fast += sum(not torch.equal(a, b) for a, b in zip(single, fast))
+        _, exact = _rows_one_by_one_and_in_one_pass(runner, prefix, tokens, exact=True)
+        assert torch.equal(single, exact)
+        chain_tree = tree_attention_mask(list(range(-1, len(tokens) - 2)))
+        _, exact_tree = _rows_one_by_one_and_in_one_pass(runner, prefix, tokens, True, chain_tree)
+        assert torch.equal(single, exact_tree)
+    assert differ_fast > 0  # the default kernels are not batch-invariant: the test has teeth
+
+
+def test_exact_linear_rows_do_not_depend_on_the_pass_width():
+    """A bfloat16 reduction longer than the kernels' block (SmolLM2's 1536-wide down
+    projection) rounds differently with the row count here; the planned product does not."""
+    from specdec.models.exact import PROBE_ROWS, exact_linear
+
+    g = torch.Generator().manual_seed(0)
+    weight = (torch.randn(576, 1536, generator=g) * 0.05).to(torch.bfloat16)
+    for m in PROBE_ROWS:
+        x = torch.randn(m, 1536, generator=g).to(torch.bfloat16)
+        full = exact_linear(x, weight)
+        for r in range(m):
+            assert torch.equal(exact_linear(x[r:r + 1], weight)[0], full[r]), (m, r)

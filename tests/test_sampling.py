@@ -161,4 +161,4 @@ def test_bounds_accept_exactly_their_range():
         == [True, True, False, False, False]
     assert [b.requirement for b in SAMPLING_BOUNDS.values()] == [
         "a finite number >= 0", "an integer >= 0 (0 = off)", "a number in (0, 1]", "a number in [0, 1]",
-        "an integer >= 1"]
+        "an integer >= 1", "a number in [-2, 2]", "a number in [-2, 2]", "a finite number > 0 (1 = off)"]

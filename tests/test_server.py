@@ -20,6 +20,7 @@ import uvicorn  # noqa: E402
 
 import specdec  # noqa: E402
 from specdec.chat_template import DEFAULT_TEMPLATE, ChatTemplate, ChatTemplateError  # noqa: E402
+from specdec.logprobs import token_texts  # noqa: E402
 from specdec.sampling import SAMPLING_BOUNDS  # noqa: E402
 from specdec.server.app import ServerSettings, create_app  # noqa: E402
 from specdec.server.metrics import accepted_per_position  # noqa: E402
@@ -245,6 +246,134 @@ def test_n_and_seed(client, draft_reference):
     assert texts == want
 
 
+# ---------------------------------------------------------------- logprobs, echo, penalties
+
+def _close(got: list, want: list) -> bool:
+    return len(got) == len(want) and all(abs(a - b) < 1e-4 for a, b in zip(got, want))
+
+
+def shown(reference, token: int) -> str:
+    """A token as the API shows it: its text, or "bytes:\\x.." when it is not whole UTF-8
+    (token bytes are checked against the tokenizer in test_logprobs.py)."""
+    data = token_texts(reference.tokenizer).token_bytes(token)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+
+
+def test_chat_logprobs_match_the_library(client, http, reference):
+    """Every token's logprob (the target's, through a draft-model server) and its top
+    alternatives; bytes rebuild the text; streamed chunks carry the same entries."""
+    messages = [{"role": "user", "content": "def add"}]
+    want = greedy(reference, chat_prompt(messages), logprobs=3)
+    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=N, temperature=0,
+                                          logprobs=True, top_logprobs=3)
+    content = resp.choices[0].logprobs.content
+    assert resp.choices[0].message.content == want.text
+    assert _close([c.logprob for c in content], [e.logprob for e in want.token_logprobs])
+    assert b"".join(bytes(c.bytes) for c in content).decode() == want.text
+    for c, e in zip(content, want.token_logprobs):
+        assert [t.token for t in c.top_logprobs] == [shown(reference, t) for t, _ in e.top]
+        assert _close([t.logprob for t in c.top_logprobs], [lp for _, lp in e.top])
+        assert c.token == c.top_logprobs[0].token  # greedy: the chosen token is the most likely
+    body = {"messages": messages, "max_tokens": N, "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    streamed = [e for c in chunks for ch in c["choices"] if ch["logprobs"] for e in ch["logprobs"]["content"]]
+    assert streamed == http.post("/v1/chat/completions", json=body).json()["choices"][0]["logprobs"]["content"]
+    assert len(streamed) == len(want.token_ids)
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0,
+                                           logprobs=True)
+    assert plain.choices[0].logprobs.content[0].top_logprobs == []  # top_logprobs defaults to 0
+
+
+def test_completion_logprobs_and_echo(http, reference):
+    ids = reference.tokenizer.encode(PROMPT)
+    want = greedy(reference, PROMPT, logprobs=2, prompt_logprobs=2)
+    body = {"prompt": PROMPT, "max_tokens": N, "temperature": 0, "logprobs": 2}
+    lp = http.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    assert set(lp) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
+    assert lp["tokens"] == [shown(reference, t) for t in want.token_ids]
+    assert _close(lp["token_logprobs"], [e.logprob for e in want.token_logprobs])
+    # offsets count from the start of the prompt; each top_logprobs holds the 2 best and the chosen one
+    assert lp["text_offset"][0] == len(PROMPT)
+    for i, offset in enumerate(lp["text_offset"]):  # where the text so far is whole characters
+        before = reference.tokenizer.decode(want.token_ids[:i])
+        if "\ufffd" not in before:
+            assert offset == len(PROMPT) + len(before)
+    for top, e in zip(lp["top_logprobs"], want.token_logprobs):
+        names = [shown(reference, t) for t, _ in e.top]
+        assert list(top) == names + ([] if e.token in [t for t, _ in e.top] else [shown(reference, e.token)])
+        assert _close(list(top.values())[:2], [lp for _, lp in e.top])
+
+    echoed = http.post("/v1/completions", json={**body, "echo": True}).json()["choices"][0]
+    assert echoed["text"] == PROMPT + want.text
+    lp = echoed["logprobs"]
+    assert lp["tokens"] == [shown(reference, t) for t in ids + want.token_ids]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["text_offset"][:len(ids)] == [len(reference.tokenizer.decode(ids[:i])) for i in range(len(ids))]
+    prompt_part = lp["token_logprobs"][1:len(ids)]
+    assert _close(prompt_part, [e.logprob for e in want.prompt_logprobs[1:]])
+    assert _close(lp["token_logprobs"][len(ids):], [e.logprob for e in want.token_logprobs])
+    assert lp["text_offset"][len(ids)] == len(PROMPT)
+    assert http.post("/v1/completions", json={**body, "logprobs": None, "echo": True}).json()["choices"][0][
+        "text"] == PROMPT + want.text
+
+    with http.stream("POST", "/v1/completions", json={**body, "echo": True, "stream": True}) as r:
+        chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    choices = [c["choices"][0] for c in chunks if c["choices"]]
+    assert choices[0]["text"] == PROMPT and "".join(c["text"] for c in choices) == PROMPT + want.text
+    joined = {key: [x for c in choices if c["logprobs"] for x in c["logprobs"][key]] for key in lp}
+    assert joined == lp
+
+
+def test_openai_client_reads_completion_logprobs(client, reference):
+    resp = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=1, echo=True)
+    lp = resp.choices[0].logprobs
+    assert resp.choices[0].text.startswith(PROMPT)
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert lp.token_logprobs[0] is None and all(x < 0 for x in lp.token_logprobs[1:])
+    # n = 2, streamed: each choice echoes the prompt and gets its own logprobs, in order
+    whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=1.0, seed=4, n=2,
+                                      logprobs=0, echo=True)
+    texts, tokens = ["", ""], [[], []]
+    for chunk in client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=1.0, seed=4, n=2,
+                                           logprobs=0, echo=True, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            tokens[c.index] += c.logprobs.tokens if c.logprobs else []
+    assert texts == [c.text for c in whole.choices] and all(t.startswith(PROMPT) for t in texts)
+    assert tokens == [c.logprobs.tokens for c in whole.choices]
+
+
+def test_penalties_and_logit_bias_match_the_library(client, http, reference):
+    """Through the speculative server, greedy output with penalties is the library's plain
+    greedy output with the same penalties; +100 forces a token, -100 bans it."""
+    messages = [{"role": "user", "content": "for i in range(10):"}]
+    kw = dict(presence_penalty=1.5, frequency_penalty=0.5, repetition_penalty=1.3)
+    want = greedy(reference, chat_prompt(messages), 24, **kw)
+    assert want.token_ids != greedy(reference, chat_prompt(messages), 24).token_ids  # the penalties matter
+    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0,
+                                          presence_penalty=1.5, frequency_penalty=0.5,
+                                          extra_body={"repetition_penalty": 1.3})
+    assert resp.choices[0].message.content == want.text
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=24, temperature=0, presence_penalty=1.5, frequency_penalty=0.5,
+        extra_body={"repetition_penalty": 1.3}, stream=True))
+    assert streamed == want.text
+
+    plain = greedy(reference, PROMPT, 6).token_ids
+    forced = reference.tokenizer.encode(" x")[-1]
+    r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 6, "temperature": 0.9, "seed": 1,
+                                           "logit_bias": {str(forced): 100}}).json()
+    assert r["usage"]["completion_tokens"] == 6 and r["choices"][0]["text"] == reference.tokenizer.decode([forced] * 6)
+    r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 0,
+                                           "logit_bias": {str(plain[0]): -100}}).json()
+    assert r["choices"][0]["logprobs"]["tokens"][0] != shown(reference, plain[0])
+    assert r["choices"][0]["text"] == greedy(reference, PROMPT, 6, logit_bias={plain[0]: -100}).text
+
+
 def test_chat_template_from_tokenizer_config():
     template = ChatTemplate.from_tokenizer_config({
         "bos_token": "<s>", "eos_token": {"content": "</s>"},
@@ -335,8 +464,19 @@ BAD = [
      "include_usage", "include_usage"),
     ("completions", {"prompt": "a", "user": 5}, 400, "user", "user"),
     ("completions", {"prompt": "a", "model": 5}, 400, "model", "model"),
-    ("completions", {"prompt": "a", "logprobs": 2}, 400, "logprobs", "logprobs"),
-    ("completions", {"prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty", "presence_penalty"),
+    ("completions", {"prompt": "a", "logprobs": 21}, 400, "logprobs", "logprobs"),
+    ("completions", {"prompt": "a", "logprobs": True}, 400, "logprobs", "logprobs"),
+    ("completions", {"prompt": "a", "top_logprobs": 2}, 400, "top_logprobs", "top_logprobs"),
+    ("completions", {"prompt": "a", "echo": 1}, 400, "echo", "echo"),
+    ("completions", {"prompt": "a", "presence_penalty": 2.5}, 400, "presence_penalty", "presence_penalty"),
+    ("completions", {"prompt": "a", "frequency_penalty": "1"}, 400, "frequency_penalty", "frequency_penalty"),
+    ("completions", {"prompt": "a", "repetition_penalty": 0}, 400, "repetition_penalty", "repetition_penalty"),
+    ("completions", {"prompt": "a", "logit_bias": [1]}, 400, "logit_bias", "logit_bias"),
+    ("completions", {"prompt": "a", "logit_bias": {"a": 1}}, 400, "token ids", "logit_bias"),
+    ("completions", {"prompt": "a", "logit_bias": {"-1": 1}}, 400, "token ids", "logit_bias"),
+    ("completions", {"prompt": "a", "logit_bias": {"100000": 1}}, 400, "token ids", "logit_bias"),
+    ("completions", {"prompt": "a", "logit_bias": {"5": 101}}, 400, "[-100, 100]", "logit_bias"),
+    ("completions", {"prompt": "a", "logit_bias": {"5": "1"}}, 400, "[-100, 100]", "logit_bias"),
     ("completions", [1, 2], 400, "JSON object", None),
     ("completions", "null", 400, "JSON object", None),
     ("completions", b"{not json", 400, "JSON", None),
@@ -367,6 +507,13 @@ BAD = [
      "max_tokens", "max_tokens"),
     ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "model": "nope"}, 404, "nope",
      "model"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": 1}, 400, "boolean",
+     "logprobs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400,
+     "needs logprobs", "top_logprobs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21},
+     400, "top_logprobs", "top_logprobs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "echo": True}, 400, "echo", "echo"),
 ]
 
 
@@ -402,6 +549,9 @@ ACCEPTED = (
        ({"temperature": 1e308, "top_p": 1, "min_p": 0, "top_k": 0, "seed": 2 ** 63 - 1, "n": 8}, False),
        ({"temperature": 1e-39, "seed": -(2 ** 63), "n": 8}, True),
        ({"temperature": 1e-39, "max_tokens": 1}, True)]
+    + [({"temperature": t, "presence_penalty": -2, "frequency_penalty": 2, "repetition_penalty": r}, False)
+       for t in (0, 1) for r in (5e-324, 1e-300, 1e300, 1.7976931348623157e308)]
+    + [({"temperature": 1, "logit_bias": {"3": -100, "4": 100}, "presence_penalty": 2}, False)]
 )
 REFUSED = [  # (fields, the parameter the 400 must name)
     ({"temperature": -5e-324}, "temperature"), ({"temperature": 1e400}, "temperature"),
@@ -410,6 +560,9 @@ REFUSED = [  # (fields, the parameter the 400 must name)
     ({"top_k": -1}, "top_k"), ({"top_k": 2.0}, "top_k"), ({"top_k": -(10 ** 30)}, "top_k"),
     ({"n": 9}, "n"), ({"seed": 2 ** 63}, "seed"), ({"seed": -(2 ** 63) - 1}, "seed"),
     ({"max_tokens": 0}, "max_tokens"),
+    ({"presence_penalty": 2.0000000000000004}, "presence_penalty"), ({"frequency_penalty": -2.5}, "frequency_penalty"),
+    ({"repetition_penalty": -5e-324}, "repetition_penalty"), ({"repetition_penalty": 1e400}, "repetition_penalty"),
+    ({"logit_bias": {"3": 100.00000000000001}}, "logit_bias"),
 ]
 
 

@@ -1,11 +1,16 @@
-"""Exact proof by enumeration (float64) for the tree verifier, plus tree utilities."""
+"""Exact proof by enumeration (float64) for the tree verifier, plus tree utilities. With
+penalties, the target's rows are built as the engine builds them (one TokenHistory, each
+node's path), against the penalised model defined one prefix at a time."""
 import random
 
 import pytest
 import torch
 
+from specdec.penalties import TokenHistory, tree_paths
+from specdec.sampling import SamplingParams, final_probs
 from specdec.verify import tree_attention_mask, tree_depths, verify_tree_greedy, verify_tree_sampling
 
+from distribution import PenalizedLM
 from enumerate import RandomLM, enumerate_outcomes
 
 V = 5
@@ -83,10 +88,11 @@ def test_tree_sampling_next_token_is_exact(seed, sparse):
     assert_matches_target(target, ctx, outcomes, max(tree_depths(parents)) + 1)
 
 
-def sampled_tree_step(rng, target, draft, ctx, seed, widths=(2, 2), claimed_draft=None):
+def sampled_tree_step(rng, target, draft, ctx, seed, widths=(2, 2), claimed_draft=None, target_rows=None):
     """Draw a fixed number of children per expanded node from the draft without replacement
     through `rng` (so enumeration covers the draws too), leave some drawn tokens out of the
-    tree, verify. claimed_draft: the q handed to the verifier, if not the true one."""
+    tree, verify. claimed_draft: the q handed to the verifier, if not the true one.
+    target_rows(tokens, parents): the target's rows, if not target(prefix) per node."""
     tokens, parents, q_rows, draws = [], [], {}, {}
     frontier = [-1]
     for width in widths:
@@ -107,8 +113,9 @@ def sampled_tree_step(rng, target, draft, ctx, seed, widths=(2, 2), claimed_draf
                     parents.append(node)
                     new.append(len(tokens) - 1)
         frontier = new
-    target_probs = torch.stack([target(ctx)] + [target(ctx + node_prefix(i, tokens, parents))
-                                                for i in range(len(tokens))])
+    target_probs = (target_rows(tokens, parents) if target_rows is not None else
+                    torch.stack([target(ctx)] + [target(ctx + node_prefix(i, tokens, parents))
+                                                 for i in range(len(tokens))]))
     draft_probs = torch.stack([q_rows.get(i, torch.zeros(V, dtype=torch.float64)) for i in range(-1, len(tokens))])
     draw_lists = [draws.get(i, []) for i in range(-1, len(tokens))]
     return emitted_tokens(tokens, verify_tree_sampling(tokens, parents, target_probs, rng, draft_probs, draw_lists))
@@ -154,3 +161,65 @@ def test_tree_mask_and_depths():
                  [1, 0, 1, 0, 0],
                  [1, 1, 0, 1, 0],
                  [1, 1, 0, 1, 1]]
+
+
+# ---------------------------------------------------------------- penalties
+
+PENALTY = SamplingParams(temperature=1.0, presence_penalty=1.2, frequency_penalty=0.6, repetition_penalty=1.4,
+                         logit_bias={3: 0.7})
+PROMPT, GENERATED = (0, 1), (2,)
+
+
+def penalized_rows(lm: RandomLM, params: SamplingParams, paths=tree_paths):
+    """target_rows for a tree: every node's row from one TokenHistory of the context and the
+    node's path, as the engine computes them."""
+    ctx = PROMPT + GENERATED
+    history = TokenHistory(params, list(PROMPT), V)
+    history.extend(list(GENERATED))
+
+    cache = {}
+
+    def rows(tokens, parents):
+        key = (tuple(tokens), tuple(parents))
+        if key not in cache:
+            logits = torch.stack([lm(ctx).log()] + [lm(ctx + node_prefix(i, tokens, parents)).log()
+                                                    for i in range(len(tokens))])
+            cache[key] = final_probs(logits, params, history.rows(paths(tokens, parents)))
+        return cache[key]
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("sparse", [False, True])
+def test_penalized_tree_verification_is_exact(seed, sparse):
+    """Deterministic candidates: the emitted tokens follow the penalised target exactly."""
+    tokens, parents = random_tree(seed, width=3, depth=3)
+    lm = LM(seed, sparse)
+    probs = penalized_rows(lm, PENALTY)(tokens, parents)
+    outcomes = enumerate_outcomes(lambda rng: emitted_tokens(tokens, verify_tree_sampling(tokens, parents, probs, rng)))
+    assert_matches_target(PenalizedLM(lm, PENALTY, PROMPT), PROMPT + GENERATED, outcomes,
+                          max(tree_depths(parents)) + 1)
+
+
+@pytest.mark.parametrize("seed,sparse", [(0, False), (1, True)])
+def test_penalized_sampled_tree_is_exact(seed, sparse):
+    """Children drawn from the penalised draft without replacement, verified against the
+    penalised target's rows: exact over draws and verification."""
+    lm = LM(seed, sparse)
+    target, draft = PenalizedLM(lm, PENALTY, PROMPT), PenalizedLM(LM(seed + 100, not sparse), PENALTY, PROMPT)
+    rows = penalized_rows(lm, PENALTY)
+    outcomes = enumerate_outcomes(lambda rng: sampled_tree_step(rng, target, draft, PROMPT + GENERATED, seed,
+                                                                target_rows=rows))
+    assert_matches_target(target, PROMPT + GENERATED, outcomes, 3)
+
+
+def test_penalized_rows_that_ignore_the_ancestors_are_caught():
+    """Power check: counting only the context, not each node's path, is biased."""
+    lm = LM(1)
+    target, draft = PenalizedLM(lm, PENALTY, PROMPT), PenalizedLM(LM(101), PENALTY, PROMPT)
+    ignore_paths = lambda tokens, parents: [[] for _ in range(len(tokens) + 1)]  # noqa: E731
+    rows = penalized_rows(lm, PENALTY, ignore_paths)
+    outcomes = enumerate_outcomes(lambda rng: sampled_tree_step(rng, target, draft, PROMPT + GENERATED, 1,
+                                                                widths=(2, 1), target_rows=rows))
+    with pytest.raises(AssertionError):
+        assert_matches_target(target, PROMPT + GENERATED, outcomes, 3)

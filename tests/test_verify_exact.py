@@ -1,12 +1,17 @@
 """Exact proof by enumeration (float64): one verification step, followed by plain target
-sampling, yields exactly the target's joint distribution over the next K+1 tokens."""
+sampling, yields exactly the target's joint distribution over the next K+1 tokens; also with
+penalties, whose rows are built the way the engine builds them (one TokenHistory, a path per
+row), against the penalised model defined one prefix at a time."""
 import itertools
 
 import pytest
 import torch
 
+from specdec.penalties import TokenHistory, chain_paths
+from specdec.sampling import SamplingParams, final_probs
 from specdec.verify import verify_greedy, verify_rejection
 
+from distribution import PenalizedLM
 from enumerate import RandomLM, enumerate_outcomes
 
 V = 3
@@ -95,3 +100,83 @@ def test_greedy_verifier_keeps_argmax_prefix():
     assert (v.num_accepted, v.next_token) == (3, 0)
     v = verify_greedy([], probs)
     assert (v.num_accepted, v.next_token) == (0, 2)
+
+
+# ---------------------------------------------------------------- penalties
+
+PENALTIES = [
+    dict(temperature=1.0, presence_penalty=1.0, frequency_penalty=0.7),
+    dict(temperature=0.8, repetition_penalty=1.6, logit_bias={2: 0.5}),
+    dict(temperature=1.0, top_k=2, presence_penalty=-0.5, frequency_penalty=1.5, repetition_penalty=0.7),
+]
+PROMPT = (0, 1)  # token 1 is in the prompt: the repetition penalty applies to it from the start
+GENERATED = (2,)  # already generated before this step: presence/frequency apply to it
+
+
+def penalized_step(target: RandomLM, draft, params: SamplingParams, k: int, paths=chain_paths) -> dict:
+    """Like spec_step_distribution, with every row penalised through ONE TokenHistory of the
+    context and a path per row (paths(drafts)), as the engine and the draft model do."""
+    ctx = PROMPT + GENERATED
+    history = TokenHistory(params, list(PROMPT), V)
+    history.extend(list(GENERATED))
+    want = PenalizedLM(target, params, PROMPT)
+
+    def rows(lm: RandomLM, seq: tuple, n: int) -> torch.Tensor:
+        logits = torch.stack([lm(ctx + seq[:i]).log() for i in range(n)])
+        return final_probs(logits, params, history.rows(paths(list(seq))[:n]))
+
+    if isinstance(draft, RandomLM):
+        draft_seqs = list(itertools.product(range(V), repeat=k))
+    else:
+        draft_seqs = [tuple(draft(ctx))]
+    out = {}
+    for seq in draft_seqs:
+        draft_probs = rows(draft, seq, k) if isinstance(draft, RandomLM) else None
+        q_seq = float(torch.prod(draft_probs[torch.arange(k), list(seq)])) if draft_probs is not None else 1.0
+        if q_seq == 0:
+            continue
+        target_probs = rows(target, seq, k + 1)
+
+        def emitted_tokens(rng, seq=seq, draft_probs=draft_probs, target_probs=target_probs) -> tuple:
+            verdict = verify_rejection(list(seq), draft_probs, target_probs, rng)
+            return seq[:verdict.num_accepted] + (verdict.next_token,)
+
+        for emitted, prob in enumerate_outcomes(emitted_tokens).items():
+            rest = k + 1 - len(emitted)
+            for tail, p_tail in joint(want, ctx + emitted, rest).items() if rest else [((), 1.0)]:
+                key = emitted + tail
+                out[key] = out.get(key, 0.0) + q_seq * prob * p_tail
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("kw", PENALTIES, ids=[str(kw) for kw in PENALTIES])
+def test_penalized_rejection_sampling_is_exact(kw, k):
+    """Drafts sampled from the penalised draft, verified against the penalised target: the
+    output is the penalised target's joint."""
+    params = SamplingParams(**kw)
+    target, draft = RandomLM(1, True, V), RandomLM(2, False, V)
+    want = joint(PenalizedLM(target, params, PROMPT), PROMPT + GENERATED, k + 1)
+    assert_same(penalized_step(target, draft, params, k), want)
+    assert_same(penalized_step(target, lambda ctx: [1, 2, 2][:k], params, k), want)  # deterministic drafts
+
+
+def test_the_penalties_change_the_target():
+    """The cases above are not vacuous: penalised and plain joints differ."""
+    target = RandomLM(1, True, V)
+    for kw in PENALTIES:
+        params = SamplingParams(**kw)
+        plain = joint(PenalizedLM(target, SamplingParams(temperature=kw["temperature"], top_k=kw.get("top_k", 0)),
+                                  PROMPT), PROMPT + GENERATED, 3)
+        penalized = joint(PenalizedLM(target, params, PROMPT), PROMPT + GENERATED, 3)
+        assert max(abs(plain[x] - penalized[x]) for x in plain) > 0.01
+
+
+def test_rows_that_ignore_the_drafts_are_caught():
+    """Power check: counting only the context (not the drafts before each row) is biased."""
+    params = SamplingParams(**PENALTIES[0])
+    target, draft = RandomLM(1, True, V), RandomLM(2, False, V)
+    want = joint(PenalizedLM(target, params, PROMPT), PROMPT + GENERATED, 3)
+    ignore_drafts = lambda drafts: [[] for _ in range(len(drafts) + 1)]  # noqa: E731
+    with pytest.raises(AssertionError):
+        assert_same(penalized_step(target, draft, params, 2, ignore_drafts), want, tol=1e-3)

@@ -48,7 +48,9 @@ class TransformersRunner:
         self.length = 0
 
     @torch.inference_mode()
-    def extend(self, ids: list[int], attn_mask=None, positions=None, want_hidden: bool = False) -> torch.Tensor:
+    def extend(self, ids: list[int], attn_mask=None, positions=None, want_hidden: bool = False,
+               exact: bool = False) -> torch.Tensor:
+        """exact is not available here: transformers' kernels decide the reduction order."""
         if attn_mask is not None:
             raise SpecdecError("the transformers backend supports chain decoding only (no tree masks)")
         x = torch.tensor([ids], dtype=torch.long, device=self.model.device)
@@ -71,5 +73,5 @@ class TransformersRunner:
 
     def rollback(self, length: int) -> None:
         if length < self.length:
-            self.cache.crop(length)
+            self.cache.crop(length - self.length)  # a negative count: tokens to remove (any version)
             self.length = length

@@ -11,6 +11,7 @@ from torch import nn
 
 from specdec.cache import KVCache
 from specdec.models.config import ModelConfig
+from specdec.models.exact import attend_alone, exact_linear, exact_row_keys
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -107,8 +108,13 @@ class FusedLinear:
                 lin.bias = nn.Parameter(self.bias[start:start + size], requires_grad=lin.bias.requires_grad)
             start += size
 
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+    def __call__(self, x: torch.Tensor, exact: bool = False) -> tuple[torch.Tensor, ...]:
+        y = exact_linear(x, self.weight, self.bias) if exact else F.linear(x, self.weight, self.bias)
+        return y.split(self.sizes, dim=-1)
+
+
+def project(linear: nn.Linear, x: torch.Tensor, exact: bool) -> torch.Tensor:
+    return exact_linear(x, linear.weight, linear.bias) if exact else linear(x)
 
 
 class Attention(nn.Module):
@@ -125,12 +131,13 @@ class Attention(nn.Module):
     def fuse(self) -> None:
         self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
 
-    def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int) -> torch.Tensor:
+    def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int,
+                row_keys: list[int | torch.Tensor] | None = None, exact: bool = False) -> torch.Tensor:
         B, T, _ = x.shape
         if self.qkv is not None:
-            q, k, v = self.qkv(x)
+            q, k, v = self.qkv(x, exact)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, k, v = (project(p, x, exact) for p in (self.q_proj, self.k_proj, self.v_proj))
         q = q.view(B, T, self.nh, self.hd).transpose(1, 2)
         k = k.view(B, T, self.nkv, self.hd).transpose(1, 2)
         v = v.view(B, T, self.nkv, self.hd).transpose(1, 2)
@@ -138,10 +145,14 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         if cache is not None:
             k, v = cache.update(layer, k, v)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None and cache is None and T > 1,
-            enable_gqa=self.nkv != self.nh)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+        if row_keys is not None:
+            y = torch.cat([attend_alone(q[:, :, i:i + 1], k, v, keys, self.nkv != self.nh)
+                           for i, keys in enumerate(row_keys)], dim=2)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None and cache is None and T > 1,
+                enable_gqa=self.nkv != self.nh)
+        return project(self.o_proj, y.transpose(1, 2).reshape(B, T, self.nh * self.hd), exact)
 
 
 class MLP(nn.Module):
@@ -155,12 +166,12 @@ class MLP(nn.Module):
     def fuse(self) -> None:
         self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
         if self.gate_up is not None:
-            gate, up = self.gate_up(x)
+            gate, up = self.gate_up(x, exact)
         else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+            gate, up = project(self.gate_proj, x, exact), project(self.up_proj, x, exact)
+        return project(self.down_proj, F.silu(gate) * up, exact)
 
 
 class DecoderLayer(nn.Module):
@@ -171,9 +182,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, cache, layer):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, cos, sin, mask, cache, layer, row_keys=None, exact: bool = False):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, row_keys, exact)
+        return x + self.mlp(self.post_attention_layernorm(x), exact)
 
 
 class Backbone(nn.Module):
@@ -234,28 +245,31 @@ class LlamaModel(nn.Module):
 
     def hidden_states(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
                       cache: KVCache | None = None,
-                      attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+                      attn_mask: torch.Tensor | None = None, exact: bool = False) -> torch.Tensor:
+        """exact: every row's attention is computed as a 1-token pass would (see attend_alone),
+        so that each row's output does not depend on how many rows the pass holds."""
         T = ids.shape[1]
         past = cache.length if cache is not None else 0
         if positions is None:
             positions = torch.arange(past, past + T, device=ids.device)
         cos, sin = self.rope(positions, self.dtype, self.device)
-        mask = None
-        if attn_mask is not None:
+        row_keys = exact_row_keys(T, past, attn_mask) if exact and cache is not None and T > 1 else None
+        mask = None  # also when each row attends alone (row_keys)
+        if row_keys is None and attn_mask is not None:
             mask = torch.cat([torch.ones(T, past, dtype=torch.bool, device=ids.device),
                               attn_mask.to(torch.bool)], dim=1)
-        elif cache is not None and T > 1:
+        elif row_keys is None and cache is not None and T > 1:
             mask = torch.ones(T, past + T, dtype=torch.bool, device=ids.device).tril(past)
         x = self.model.embed_tokens(ids)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, mask, cache, i)
+            x = layer(x, cos, sin, mask, cache, i, row_keys, exact)
         if cache is not None:
             cache.advance(T)
         return self.model.norm(x)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: KVCache | None = None, attn_mask: torch.Tensor | None = None,
-                return_hidden: bool = False):
-        h = self.hidden_states(ids, positions, cache, attn_mask)
-        logits = self.lm_head(h)
+                return_hidden: bool = False, exact: bool = False):
+        h = self.hidden_states(ids, positions, cache, attn_mask, exact)
+        logits = project(self.lm_head, h, exact)
         return (logits, h) if return_hidden else logits

@@ -25,8 +25,10 @@ class Runner(Protocol):
     def reset(self) -> None: ...
 
     def extend(self, ids: list[int], attn_mask: torch.Tensor | None = None,
-               positions: torch.Tensor | None = None, want_hidden: bool = False) -> torch.Tensor:
-        """Append ids to the cache; return their logits [T, V]."""
+               positions: torch.Tensor | None = None, want_hidden: bool = False,
+               exact: bool = False) -> torch.Tensor:
+        """Append ids to the cache; return their logits [T, V]. exact: each row's logits do not
+        depend on how many rows the pass holds (runners that cannot promise it ignore it)."""
 
     def rollback(self, length: int) -> None: ...
 
@@ -67,12 +69,13 @@ class NativeRunner:
 
     @torch.inference_mode()
     def extend(self, ids: list[int], attn_mask: torch.Tensor | None = None,
-               positions: torch.Tensor | None = None, want_hidden: bool = False) -> torch.Tensor:
+               positions: torch.Tensor | None = None, want_hidden: bool = False,
+               exact: bool = False) -> torch.Tensor:
         """Append ids to the cache; return their logits [T, V] (hidden states in last_hidden)."""
         x = torch.tensor([ids], dtype=torch.long, device=self.model.device)
         if positions is not None:
             positions = positions.to(self.model.device)
-        logits, hidden = self.model(x, positions, self.cache, attn_mask, return_hidden=True)
+        logits, hidden = self.model(x, positions, self.cache, attn_mask, return_hidden=True, exact=exact)
         self.last_hidden = hidden[0] if want_hidden else None
         return logits[0]
 

@@ -9,6 +9,7 @@ from typing import Protocol
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.penalties import TokenHistory
 from specdec.sampling import SamplingParams
 
 
@@ -45,8 +46,10 @@ class Proposer(Protocol):
         """Bytes of the drafter's own weights and caches (not counting what it shares with the target)."""
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Proposal:
-        """Up to k tokens (chain) or nodes (tree) that may follow context."""
+                generator: torch.Generator | None, history: TokenHistory | None = None) -> Proposal:
+        """Up to k tokens (chain) or nodes (tree) that may follow context. history (when
+        params.penalized): the context's token counts; a drafter that samples from a model
+        adjusts each row with history.rows(its path), as the target's rows are adjusted."""
 
     def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
         """Hidden states [n, d] of the tokens just added to the target's cache, in order

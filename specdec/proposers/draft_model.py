@@ -6,6 +6,7 @@ import time
 import torch
 
 from specdec.models.runner import Runner
+from specdec.penalties import TokenHistory, adjust_logits
 from specdec.proposers.base import Proposal
 from specdec.sampling import SamplingParams, final_probs
 
@@ -45,7 +46,7 @@ class DraftModelProposer:
         return context[n:]
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Proposal:
+                generator: torch.Generator | None, history: TokenHistory | None = None) -> Proposal:
         k = min(k, self.runner.max_len - len(context))
         if k <= 0:
             return Proposal([], None)
@@ -61,10 +62,12 @@ class DraftModelProposer:
         for _ in range(k):
             logits = self.runner.extend(feed)[-1]
             self.cached.extend(feed)
+            # penalised like the target's row after the same drafts
+            penalty_row = history.rows([tokens]) if history is not None else None
             if params.greedy:  # greedy verification needs no draft probabilities
-                token = int(logits.argmax())
+                token = int((logits if penalty_row is None else adjust_logits(logits, params, penalty_row)).argmax())
             else:
-                probs = final_probs(logits, params)
+                probs = final_probs(logits[None], params, penalty_row)[0]
                 token = int(torch.multinomial(probs, 1, generator=generator))
                 rows.append(probs)
             tokens.append(token)

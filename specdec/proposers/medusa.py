@@ -10,6 +10,7 @@ from torch import nn
 
 from specdec.errors import SpecdecError
 from specdec.models.runner import tensor_bytes
+from specdec.penalties import TokenHistory, adjust_logits
 from specdec.proposers.base import Proposal
 from specdec.proposers.head_folder import load_head, save_head
 from specdec.proposers.trees import tree_from_choices
@@ -79,7 +80,7 @@ class MedusaProposer:
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Proposal:
+                generator: torch.Generator | None, history: TokenHistory | None = None) -> Proposal:
         """Greedy: the heads' top candidates. Sampling: each depth's candidates are drawn
         without replacement from that head's final distribution (all nodes of a depth share
         them), which the verifier uses to accept with min(1, p/q)."""
@@ -89,6 +90,8 @@ class MedusaProposer:
         depth = max(len(c) for c in choices)
         logits = self.lm_head(self.heads(self.last_hidden)[:depth])  # [depth, V]
         ranks = self.max_rank[:depth]
+        if history is not None:
+            return self._propose_penalized(choices, logits, ranks, params, generator, history)
         if params.greedy:
             candidates = [logits[d].topk(ranks[d]).indices.tolist() for d in range(depth)]
             tokens, parents = tree_from_choices(choices, candidates)
@@ -104,4 +107,46 @@ class MedusaProposer:
         for row in {p + 1 for p in parents}:  # nodes with children draw them from q[depth]
             draft_probs[row] = q[node_depth[row]]
             draws[row] = candidates[node_depth[row]]
+        return Proposal(tokens, draft_probs, parents, draws)
+
+    def _propose_penalized(self, choices: list[tuple[int, ...]], logits: torch.Tensor, ranks: list[int],
+                           params: SamplingParams, generator: torch.Generator | None,
+                           history: TokenHistory) -> Proposal:
+        """With penalties a head's distribution at a node depends on the node's path (as the
+        target's does), so nodes of one depth no longer share candidates: the tree is built
+        level by level, each expanded node getting its own adjusted row and its own candidates
+        (the top ranks when greedy, drawn without replacement when sampling)."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        paths: list[list[int]] = [[]]  # paths[1 + i]: node i's path from the root; [0]: the root's
+        index: dict[tuple[int, ...], int] = {(): -1}  # choice -> node (-1: the root)
+        candidates: dict[int, list[int]] = {}  # expanded node -> its ranked candidates / draws
+        q_rows: dict[int, torch.Tensor] = {}
+        for d, rank in enumerate(ranks):
+            level = [c for c in choices if len(c) == d + 1 and c[:-1] in index]
+            expanded = list(dict.fromkeys(index[c[:-1]] for c in level))
+            if not expanded:
+                break
+            rows = history.rows([paths[node + 1] for node in expanded])
+            head_logits = logits[d].expand(len(expanded), -1)
+            if params.greedy:
+                ranked = adjust_logits(head_logits, params, rows).topk(rank, dim=-1).indices.tolist()
+            else:
+                ranked, q = draw_distinct(final_probs(head_logits, params, rows), rank, generator)
+                q_rows.update(zip(expanded, q))
+            candidates.update(zip(expanded, ranked))
+            for choice in level:
+                parent = index[choice[:-1]]
+                if choice[-1] < len(candidates[parent]):
+                    index[choice] = len(tokens)
+                    tokens.append(candidates[parent][choice[-1]])
+                    parents.append(parent)
+                    paths.append(paths[parent + 1] + [tokens[-1]])
+        if params.greedy:
+            return Proposal(tokens, None, parents)
+        draft_probs = torch.zeros(len(tokens) + 1, logits.shape[-1], dtype=next(iter(q_rows.values())).dtype)
+        draws: list[list[int]] = [[] for _ in range(len(tokens) + 1)]
+        for node, q in q_rows.items():
+            draft_probs[node + 1] = q
+            draws[node + 1] = candidates[node]
         return Proposal(tokens, draft_probs, parents, draws)

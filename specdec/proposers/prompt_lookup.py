@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from specdec.penalties import TokenHistory
 from specdec.proposers.base import Proposal
 from specdec.sampling import SamplingParams
 
@@ -26,7 +27,8 @@ class PromptLookupProposer:
         pass
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Proposal:
+                generator: torch.Generator | None, history: TokenHistory | None = None) -> Proposal:
+        """history is not needed: the proposal is a point mass, only the target's rows are penalised."""
         ctx = np.asarray(context, dtype=np.int64)
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if len(ctx) <= n:

@@ -1,5 +1,9 @@
 """The JSON objects the server sends: model cards, completion and chat objects, stream chunks,
-`usage` and the `speculative` object. Pure functions of finished results, no I/O.
+`usage` and the `speculative` object, and logprobs in OpenAI's two shapes (chat:
+{content: [{token, logprob, bytes, top_logprobs}], refusal}; completions: {tokens,
+token_logprobs, top_logprobs, text_offset}, text_offset counting characters from the start of
+the prompt). Pure functions of finished results, no I/O, but for ChoiceStream: the state of
+one streamed choice (what was sent so far).
 
 `speculative` (totals over the response's choices): {method, drafted_tokens,
 accepted_tokens, num_drafts, mean_accepted_length, acceptance_rate, lossy}. In a stream it
@@ -11,7 +15,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specdec.engine import GenerationResult
+from specdec.engine import GenerationResult, StreamChunk
+from specdec.logprobs import TextOffsets, TokenLogprob, TokenTexts
 from specdec.server.validation import GenerationRequest
 from specdec.stats import GenerationStats
 
@@ -49,19 +54,83 @@ class ResponseHeader:
     model: str
     chat: bool
     method: str  # the decoder's speculative method
+    tokens: TokenTexts | None = None  # token text and bytes, for logprobs
 
     def fields(self, object_type: str) -> dict:
         return {"id": self.id, "object": object_type, "created": self.created, "model": self.model}
+
+
+# ---------------------------------------------------------------- logprobs
+
+class ChoiceLogprobs:
+    """The logprobs object(s) of one choice, written all at once or chunk by chunk: `sent`
+    counts the generated tokens already written, text offsets continue across chunks."""
+
+    def __init__(self, head: ResponseHeader, req: GenerationRequest):
+        self.chat, self.texts, self.req = head.chat, head.tokens, req
+        self.sent = 0
+        self.offsets = TextOffsets(len(req.prompt_text))
+
+    def _entry(self, token: int) -> dict:
+        return {"token": self.texts.text(token), "logprob": None, "bytes": list(self.texts.token_bytes(token))}
+
+    def _chat(self, entries: Sequence[TokenLogprob]) -> dict:
+        content = [{**self._entry(e.token), "logprob": e.logprob,
+                    "top_logprobs": [{**self._entry(t), "logprob": lp} for t, lp in e.top]} for e in entries]
+        return {"content": content, "refusal": None}
+
+    def _legacy(self, tokens: Sequence[int], entries: Sequence[TokenLogprob | None], offsets: TextOffsets) -> dict:
+        """Completions: the N most likely and the chosen token per position (up to N+1, as
+        OpenAI); a prompt's first token has no distribution (null)."""
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token, e in zip(tokens, entries):
+            out["tokens"].append(self.texts.text(token))
+            out["text_offset"].append(offsets.next(self.texts.token_bytes(token)))
+            out["token_logprobs"].append(None if e is None else e.logprob)
+            top = None
+            if e is not None:
+                top = {self.texts.text(t): lp for t, lp in e.top}
+                top.setdefault(self.texts.text(e.token), e.logprob)
+            out["top_logprobs"].append(top)
+        return out
+
+    def prompt(self, entries: Sequence[TokenLogprob | None] | None) -> dict:
+        """Completions with echo: the prompt's tokens, offsets from 0."""
+        return self._legacy(self.req.prompt_ids, entries or [None] * len(self.req.prompt_ids), TextOffsets(0))
+
+    def take(self, tokens: Sequence[int], entries: Sequence[TokenLogprob]) -> dict:
+        """The next generated tokens."""
+        self.sent += len(entries)
+        return self._chat(entries) if self.chat else self._legacy(tokens, entries, self.offsets)
+
+    def rest(self, result: GenerationResult) -> dict:
+        """The generated tokens not written yet."""
+        return self.take(result.token_ids[self.sent:], (result.token_logprobs or [])[self.sent:])
+
+
+def _joined(first: dict, second: dict) -> dict:
+    return {key: first[key] + second[key] for key in first}
+
+
+def choice_logprobs(head: ResponseHeader, req: GenerationRequest, result: GenerationResult) -> dict | None:
+    """A whole choice's logprobs object (None when not asked for)."""
+    if req.logprobs is None:
+        return None
+    writer = ChoiceLogprobs(head, req)
+    generated = writer.rest(result)
+    return _joined(writer.prompt(result.prompt_logprobs), generated) if req.echo else generated
 
 
 def completion_object(head: ResponseHeader, req: GenerationRequest, results: Sequence[GenerationResult]) -> dict:
     """The whole (non-streamed) response."""
     if head.chat:
         choices = [{"index": i, "message": {"role": "assistant", "content": r.text},
-                    "logprobs": None, "finish_reason": r.finish_reason} for i, r in enumerate(results)]
-    else:
-        choices = [{"index": i, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
+                    "logprobs": choice_logprobs(head, req, r), "finish_reason": r.finish_reason}
                    for i, r in enumerate(results)]
+    else:
+        echo = req.prompt_text if req.echo else ""
+        choices = [{"index": i, "text": echo + r.text, "logprobs": choice_logprobs(head, req, r),
+                    "finish_reason": r.finish_reason} for i, r in enumerate(results)]
     return {**head.fields("chat.completion" if head.chat else "text_completion"), "choices": choices,
             "usage": usage(req, results), "speculative": speculative(head.method, results)}
 
@@ -70,11 +139,12 @@ def _chunk(head: ResponseHeader, choices: list[dict]) -> dict:
     return {**head.fields("chat.completion.chunk" if head.chat else "text_completion"), "choices": choices}
 
 
-def _text_choice(head: ResponseHeader, index: int, text: str, finish: str | None = None) -> dict:
+def _text_choice(head: ResponseHeader, index: int, text: str, finish: str | None = None,
+                 logprobs: dict | None = None) -> dict:
     if head.chat:
-        return {"index": index, "delta": {"content": text} if text else {}, "logprobs": None,
+        return {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs,
                 "finish_reason": finish}
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
 
 def role_chunk(head: ResponseHeader, index: int) -> dict:
@@ -95,3 +165,49 @@ def finish_chunk(head: ResponseHeader, index: int, text: str, finish_reason: str
 def usage_chunk(head: ResponseHeader, req: GenerationRequest, results: Sequence[GenerationResult]) -> dict:
     """The last chunk when stream_options.include_usage is set: no choices."""
     return {**_chunk(head, []), "usage": usage(req, results), "speculative": speculative(head.method, results)}
+
+
+class ChoiceStream:
+    """The chunks of one choice of a streamed response, in order: chat's role chunk or the
+    echoed prompt first, then text (with the logprobs of the tokens each step added), then
+    the finish."""
+
+    def __init__(self, head: ResponseHeader, req: GenerationRequest, index: int):
+        self.head, self.req, self.index = head, req, index
+        self.started = False
+        self.logprobs = ChoiceLogprobs(head, req) if req.logprobs is not None else None
+
+    def opening(self, chunk: StreamChunk | None, result: GenerationResult | None) -> list[dict]:
+        """Before the choice's first event: chat's role chunk; completions' echoed prompt."""
+        if self.started:
+            return []
+        self.started = True
+        if self.head.chat:
+            return [role_chunk(self.head, self.index)]
+        if not self.req.echo:
+            return []
+        logprobs = None
+        if self.logprobs is not None:
+            source = chunk if chunk is not None and chunk.prompt_logprobs is not None else result
+            logprobs = self.logprobs.prompt(source.prompt_logprobs if source is not None else None)
+        return [_chunk(self.head, [_text_choice(self.head, self.index, self.req.prompt_text, logprobs=logprobs)])]
+
+    def step(self, text: str, chunk: StreamChunk | None) -> list[dict]:
+        """A decode step's text and the logprobs of its tokens (either may be empty)."""
+        logprobs = None
+        if self.logprobs is not None and chunk is not None and chunk.token_logprobs:
+            logprobs = self.logprobs.take(chunk.token_ids, chunk.token_logprobs)
+        if not text and logprobs is None:
+            return []
+        return [_chunk(self.head, [_text_choice(self.head, self.index, text, logprobs=logprobs)])]
+
+    def finish(self, text: str, result: GenerationResult) -> list[dict]:
+        """The last text and logprobs, and the finish reason (chat: in a chunk of its own)."""
+        logprobs = None
+        if self.logprobs is not None and self.logprobs.sent < len(result.token_ids):
+            logprobs = self.logprobs.rest(result)
+        if not self.head.chat:
+            return [_chunk(self.head, [_text_choice(self.head, self.index, text, result.finish_reason, logprobs)])]
+        out = [_chunk(self.head, [_text_choice(self.head, self.index, text, logprobs=logprobs)])] \
+            if text or logprobs is not None else []
+        return out + [finish_chunk(self.head, self.index, text, result.finish_reason)]

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
+from specdec.logprobs import token_texts
 from specdec.server import responses
 from specdec.server.errors import ApiError
 from specdec.server.fields import model_not_found, parse_json_object
@@ -115,7 +116,8 @@ async def generate(request: Request, state: ServerState, req: GenerationRequest)
                             "retry later", code="queue_full", headers={"Retry-After": "1"}) from None
     chat = req.kind == "chat"
     head = ResponseHeader(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
-                          state.served_name, chat, state.decoder.method)
+                          state.served_name, chat, state.decoder.method,
+                          token_texts(state.decoder.tokenizer) if req.logprobs is not None else None)
     if req.stream:
         return JobStreamingResponse(job, stream_events(job, req, head), media_type="text/event-stream",
                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -162,7 +164,7 @@ async def watch_disconnect(request: Request, job: Job) -> None:
 async def stream_events(job: Job, req: GenerationRequest, head: ResponseHeader):
     """Server-sent events of a streamed job, ending with [DONE]."""
     results = [None] * req.n
-    role_sent = set()
+    choices = [responses.ChoiceStream(head, req, i) for i in range(req.n)]
     try:
         while True:
             event = await job.next_event()
@@ -172,16 +174,16 @@ async def stream_events(job: Job, req: GenerationRequest, head: ResponseHeader):
                 yield responses.sse(event.error.body())
                 continue
             i = event.index
-            if head.chat and i not in role_sent:
-                role_sent.add(i)
-                yield responses.sse(responses.role_chunk(head, i))
+            for obj in choices[i].opening(event.chunk, event.result):
+                yield responses.sse(obj)
             if event.kind == "chunk":
-                yield responses.sse(responses.text_chunk(head, i, event.text))
+                for obj in choices[i].step(event.text, event.chunk):
+                    yield responses.sse(obj)
             elif event.kind == "done":
                 results[i] = event.result
-                if head.chat and event.text:
-                    yield responses.sse(responses.text_chunk(head, i, event.text))
-                last = responses.finish_chunk(head, i, event.text, event.result.finish_reason)
+                *objs, last = choices[i].finish(event.text, event.result)
+                for obj in objs:
+                    yield responses.sse(obj)
                 if i == req.n - 1 and not req.include_usage:
                     last["speculative"] = responses.speculative(head.method, [r for r in results if r is not None])
                 yield responses.sse(last)

@@ -3,16 +3,21 @@
 Numeric parameters are read from tables: SAMPLING_FIELDS pairs each OpenAI sampling key
 with the range the library itself enforces (specdec.sampling.SAMPLING_BOUNDS) and OpenAI's
 default; n, seed and the max-token names have server-side rules. A bad value is a 400 that
-names the parameter (see fields.py)."""
+names the parameter (see fields.py).
+
+logprobs: chat takes `logprobs: true` + `top_logprobs: N`, completions `logprobs: N` (and
+`echo`, which with logprobs also scores the prompt); logit_bias keys are token ids written as
+strings, checked against the vocabulary."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from specdec.chat_template import ChatTemplate, ChatTemplateError
-from specdec.sampling import SAMPLING_BOUNDS, Bounds, is_integer, is_number
+from specdec.sampling import LOGIT_BIAS_BOUNDS, OPTIONAL_BOUNDS, SAMPLING_BOUNDS, Bounds, is_integer, is_number
 from specdec.server.chat import parse_messages
 from specdec.server.errors import bad_request
-from specdec.server.fields import check_model, check_text, describe, get_bool, get_number, get_str
+from specdec.server.fields import check_model, check_text, describe, get_bool, get_number, get_str, short
 
 MAX_N = 8
 MAX_STOP = 4
@@ -33,7 +38,11 @@ SAMPLING_FIELDS = tuple(NumericField(key, SAMPLING_BOUNDS[key], default) for key
     ("top_p", 1.0),
     ("top_k", 0),
     ("min_p", 0.0),
+    ("presence_penalty", 0.0),
+    ("frequency_penalty", 0.0),
+    ("repetition_penalty", 1.0),
 ))
+LOGPROBS_BOUNDS = OPTIONAL_BOUNDS["logprobs"]  # chat's top_logprobs, completions' logprobs
 N_FIELD = NumericField("n", Bounds(1, MAX_N, integer=True), 1)
 SEED_FIELD = NumericField("seed", Bounds(-(2 ** 63), 2 ** 63 - 1, integer=True,
                                          text="an integer in [-2^63, 2^63 - 1]"), None)
@@ -42,20 +51,18 @@ MAX_TOKENS_KEYS = {"completion": ("max_tokens",), "chat": ("max_completion_token
 
 # Accepted only at their "off" value: anything else is refused instead of silently ignored.
 UNSUPPORTED = {
-    "logprobs": (False, 0),
-    "top_logprobs": (0,),
-    "echo": (False,),
     "suffix": ("",),
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
-    "repetition_penalty": (1,),
-    "logit_bias": ({},),
     "tools": ([],),
     "functions": ([],),
     "tool_choice": ("none",),
     "function_call": ("none",),
     "response_format": ({"type": "text"},),
     "chat_template": (),  # only the model's own template is ever rendered
+}
+# the same, for a parameter only the other endpoint takes
+UNSUPPORTED_BY_KIND = {
+    "completion": {"top_logprobs": (0,)},  # completions take logprobs: N
+    "chat": {"echo": (False,)},
 }
 
 
@@ -69,6 +76,9 @@ class GenerationRequest:
     sampling: dict = field(default_factory=dict)  # SamplingParams fields except seed
     seed: int | None = None
     user: str | None = None
+    logprobs: int | None = None  # None: no logprobs; N: with the N most likely alternatives
+    echo: bool = False  # completions: the prompt is prepended to each choice's text
+    prompt_text: str = ""  # completions: the prompt as text (for echo and text_offset)
 
     def samplings(self) -> list[dict]:
         """Per-choice sampling arguments: choice i uses seed + i when a seed is given."""
@@ -81,11 +91,12 @@ def _is_off(value, off_values: tuple) -> bool:
         is_number(value) and any(is_number(off) and value == off for off in off_values))
 
 
-def check_unsupported(body: dict) -> None:
-    for name, off_values in UNSUPPORTED.items():
+def check_unsupported(body: dict, kind: str) -> None:
+    for name, off_values in {**UNSUPPORTED, **UNSUPPORTED_BY_KIND[kind]}.items():
         value = body.get(name)
         if value is not None and not _is_off(value, off_values):
-            raise bad_request(f"{name} is not supported by this server (got {describe(value)})", name)
+            where = "by this endpoint" if name in UNSUPPORTED_BY_KIND[kind] else "by this server"
+            raise bad_request(f"{name} is not supported {where} (got {describe(value)})", name)
     best_of = body.get("best_of")
     n = body.get("n") if body.get("n") is not None else 1
     if best_of is not None and not (is_integer(best_of) and best_of == n):
@@ -114,6 +125,37 @@ def get_stop(body: dict) -> tuple[str, ...]:
     return tuple(stop)
 
 
+def get_logit_bias(body: dict, vocab_size: int) -> dict[int, float]:
+    """OpenAI's logit_bias: {"token id": bias}; JSON keys are strings, so ids arrive as digits."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise bad_request(f"logit_bias must be an object mapping token ids to biases, got {describe(bias)}",
+                          "logit_bias")
+    out = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()) or int(key) >= vocab_size:
+            raise bad_request(f"logit_bias keys must be token ids in [0, {vocab_size}) written as strings, "
+                              f"got {short(json.dumps(key))}", "logit_bias")
+        if not LOGIT_BIAS_BOUNDS.accepts(value):
+            raise bad_request(f"logit_bias values must be {LOGIT_BIAS_BOUNDS.requirement}, got {describe(value)} "
+                              f"for token {key}", "logit_bias")
+        out[int(key)] = float(value)
+    return out
+
+
+def get_logprobs(body: dict, kind: str) -> int | None:
+    """How many alternatives per token the response shows, or None for no logprobs."""
+    if kind == "completion":
+        return get_number(body, "logprobs", LOGPROBS_BOUNDS, None)
+    wanted = get_bool(body, "logprobs", False)
+    top = get_number(body, "top_logprobs", LOGPROBS_BOUNDS, None)
+    if top and not wanted:
+        raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
 def get_stream_options(body: dict, stream: bool) -> bool:
     opts = body.get("stream_options")
     if opts is None:
@@ -140,6 +182,12 @@ class RequestParser:
     def completion(self, body: dict) -> GenerationRequest:
         req = self._common(body, "completion")
         req.prompt_ids = self._prompt_ids(body)
+        req.echo = get_bool(body, "echo", False)
+        prompt = body["prompt"]
+        req.prompt_text = (prompt if isinstance(prompt, str) else prompt[0] if isinstance(prompt[0], str)
+                           else self.tokenizer.decode(req.prompt_ids))
+        if req.echo and req.logprobs is not None:  # score the prompt too (from the prefill pass)
+            req.sampling["prompt_logprobs"] = req.logprobs
         req.sampling["max_new_tokens"] = self._max_tokens(body, req, DEFAULT_COMPLETION_MAX_TOKENS, "prompt")
         return req
 
@@ -159,15 +207,19 @@ class RequestParser:
     def _common(self, body: dict, kind: str) -> GenerationRequest:
         """Everything but the prompt and max_new_tokens, checked in a fixed order."""
         check_model(body, self.served_name)
-        check_unsupported(body)
+        check_unsupported(body, kind)
         n = get_number(body, N_FIELD.key, N_FIELD.bounds, N_FIELD.default)
         stream = get_bool(body, "stream", False)
         include_usage = get_stream_options(body, stream)
         sampling = {f.key: get_number(body, f.key, f.bounds, f.default) for f in SAMPLING_FIELDS}
         sampling["stop"] = get_stop(body)
+        sampling["logit_bias"] = get_logit_bias(body, self.vocab_size)
+        logprobs = get_logprobs(body, kind)
+        if logprobs is not None:
+            sampling["logprobs"] = logprobs
         seed = get_number(body, SEED_FIELD.key, SEED_FIELD.bounds, SEED_FIELD.default)
         user = get_str(body, "user")
-        return GenerationRequest(kind, [], n, stream, include_usage, sampling, seed, user)
+        return GenerationRequest(kind, [], n, stream, include_usage, sampling, seed, user, logprobs)
 
     def _max_tokens(self, body: dict, req: GenerationRequest, default: int | None, prompt_param: str) -> int:
         prompt_len = len(req.prompt_ids)

@@ -31,6 +31,7 @@ class Event:
     text: str = ""
     token_ids: list[int] | None = None
     result: Any = None  # GenerationResult on "done"
+    chunk: Any = None  # the StreamChunk of a "chunk" event (its logprobs)
     error: ApiError | None = None
 
 
@@ -166,8 +167,8 @@ class EngineWorker:
                         break
                     if job.cancelled:
                         break
-                    if job.stream and chunk.text:
-                        job.post(Event("chunk", index, chunk.text, chunk.token_ids))
+                    if job.stream and (chunk.text or chunk.token_logprobs or chunk.prompt_logprobs):
+                        job.post(Event("chunk", index, chunk.text, chunk.token_ids, chunk=chunk))
             finally:
                 gen.close()
         if job.cancelled:

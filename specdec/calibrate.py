@@ -1,0 +1,71 @@
+"""Pass costs measured at load time, so that the first generation of a fresh process neither
+pays the first-call costs of each pass shape (kernel selection, buffer allocation) inside its
+own timings nor lets the draft-length controller start from guesses: a one-shot CLI call at
+T=1 must not be slower than plain decoding because the controller spent its first steps
+probing a cold process."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.models.runner import Runner
+from specdec.proposers.base import Proposer
+from specdec.sampling import SamplingParams, make_generator
+from specdec.verify import tree_attention_mask
+
+WARM_PROMPT = 8  # dummy context length; decoding costs barely depend on it at these sizes
+
+
+@dataclass
+class PassCosts:
+    target_seconds: dict[int, float] = field(default_factory=dict)  # K drafted -> pass over K+1 tokens
+    draft_seconds_per_token: float | None = None  # chain drafters that run a model
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def measure_pass_costs(target: Runner, proposer: Proposer | None, max_k: int, filler_token: int,
+                       repeats: int = 3) -> PassCosts:
+    """Best of `repeats` timings of a target pass over K+1 tokens for K = 0 and the powers of
+    two up to max_k (the controller fits a line through them), after one warm-up pass each;
+    for a draft model, its cost per drafted token. Leaves both caches empty."""
+    costs = PassCosts()
+    context = [filler_token] * WARM_PROMPT
+    tree = proposer is not None and proposer.shape == "tree"
+    want_hidden = proposer is not None and proposer.needs_hidden
+    target.reset()
+    target.extend(context[:-1], want_hidden=want_hidden)
+    start = target.length
+    sizes = sorted({0, *(k for k in (1, 2, 4, 8, 16) if k <= max_k), max_k})
+    for k in sizes:
+        ids = [filler_token] * (k + 1)
+        # trees verify with a mask; chains without: warm up the path decoding will take
+        mask = tree_attention_mask(list(range(-1, k - 1))) if tree and k > 0 else None
+
+        def one_pass(ids: list[int] = ids, mask: torch.Tensor | None = mask) -> None:
+            target.extend(ids, attn_mask=mask, want_hidden=want_hidden)
+            target.rollback(start)
+
+        one_pass()
+        costs.target_seconds[k] = min(_timed(one_pass) for _ in range(repeats))
+    target.reset()
+    if proposer is not None and proposer.shape == "chain":
+        greedy, generator, k = SamplingParams(), make_generator(0), min(4, max_k)
+
+        def draft() -> None:
+            proposer.reset(context)
+            proposer.propose(context, k, greedy, generator)
+
+        draft()
+        costs.draft_seconds_per_token = min(_timed(draft) for _ in range(repeats)) / k
+        proposer.reset([filler_token])
+    return costs
+
+

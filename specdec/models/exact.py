@@ -1,0 +1,105 @@
+"""Batch-invariant kernels for exact mode: every row of a pass gets, bit for bit, the output a
+1-token pass gives it, so greedy speculative decoding equals plain decoding in any dtype.
+
+Two things make a row's result depend on the pass around it on this CPU (measured, see
+tests/test_models.py): attention kernels block their reduction by the number of keys, so a
+row scored inside a wider pass (extra keys masked) rounds differently; and matrix
+multiplications choose their blocking of the reduction dimension from the number of rows once
+it is large (bfloat16: reductions longer than 1024 change with the row count; float32: passes
+under 16 rows take other kernels than wider ones). So in exact mode each row attends alone
+(attend_alone), and every projection runs through a plan checked at first use for its weight
+shape (row_invariant_plan): the reduction split into chunks the kernels treat alike for every
+row count, partial products summed in float32 in a fixed order, and passes narrower than a
+minimum padded."""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+# pass widths decoding uses: plain steps, chains of up to 8 drafts, trees of up to 64 nodes
+PROBE_ROWS = (2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 24, 33, 48, 65)
+_plans: dict[tuple, tuple[int, int]] = {}  # by shape, dtype, device and threads
+_weight_plans: dict[tuple, tuple[int, int]] = {}  # by weight: one dict lookup per call
+
+
+def attend_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: int | torch.Tensor,
+                 gqa: bool) -> torch.Tensor:
+    """One query row over exactly the keys it may see, in cache order: the same call, on the
+    same values, as the 1-token pass of plain decoding at that position.
+    keys: n = the first n cache positions, or the positions' indices (tree rows)."""
+    if isinstance(keys, int):
+        k, v = k[:, :, :keys], v[:, :, :keys]
+    else:
+        k, v = k.index_select(2, keys), v.index_select(2, keys)
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+
+
+def exact_row_keys(T: int, past: int, attn_mask: torch.Tensor | None) -> list[int | torch.Tensor]:
+    """Per new row, the cache positions it attends to (see attend_alone)."""
+    if attn_mask is None:
+        return [past + i + 1 for i in range(T)]
+    prefix = torch.arange(past, device=attn_mask.device)
+    return [torch.cat([prefix, past + row.nonzero()[:, 0]]) for row in attn_mask.to(torch.bool)]
+
+
+def _planned_linear(x: torch.Tensor, weight: torch.Tensor, k_chunk: int, min_rows: int) -> torch.Tensor:
+    """x [M, K] @ weight.T under a plan (see row_invariant_plan)."""
+    m = x.shape[0]
+    if m < min_rows:
+        x = torch.cat([x, x[:1].expand(min_rows - m, -1)])
+    if k_chunk >= x.shape[1]:
+        y = F.linear(x, weight)
+    else:
+        parts = [F.linear(xc, wc).float() for xc, wc in zip(x.split(k_chunk, 1), weight.split(k_chunk, 1))]
+        total = parts[0]
+        for part in parts[1:]:
+            total = total + part  # fixed order: the same sum for every row
+        y = total.to(x.dtype)
+    return y[:m]
+
+
+def _row_invariant(weight: torch.Tensor, k_chunk: int, min_rows: int) -> bool:
+    g = torch.Generator(device=weight.device).manual_seed(0)
+    for m in PROBE_ROWS:
+        x = torch.randn(m, weight.shape[1], generator=g, device=weight.device).to(weight.dtype)
+        full = _planned_linear(x, weight, k_chunk, min_rows)
+        for r in {0, m // 2, m - 1}:
+            if not torch.equal(_planned_linear(x[r:r + 1], weight, k_chunk, min_rows)[0], full[r]):
+                return False
+    return True
+
+
+@torch.inference_mode()
+def row_invariant_plan(weight: torch.Tensor) -> tuple[int, int]:
+    """(reduction chunk, minimum rows) under which this weight's products are row-invariant
+    here: the cheapest candidate that passes a check over the pass widths decoding uses (the
+    failures are systematic, from kernel blocking, so random inputs reveal them). Cached by
+    shape, dtype and thread count, which is what the kernels choose by."""
+    n, k = weight.shape
+    key = (n, k, weight.dtype, weight.device.type, torch.get_num_threads())
+    if key not in _plans:
+        chunks = [k] + [c for c in (1024, 768, 512) if c < k]
+        candidates = [(c, rows) for rows in (1, 4, 8, 16) for c in chunks]
+        plan = next((c for c in candidates if _row_invariant(weight, *c)), None)
+        if plan is None:
+            warnings.warn(f"exact mode: no row-invariant plan found for a {n}x{k} {weight.dtype} matmul on "
+                          "this machine; greedy output may differ from plain decoding", stacklevel=2)
+            plan = (k, 1)
+        _plans[key] = plan
+    return _plans[key]
+
+
+def exact_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear whose every row is computed alike whatever the number of rows."""
+    key = (weight.data_ptr(), weight.shape, weight.dtype)
+    plan = _weight_plans.get(key)
+    if plan is None:
+        plan = _weight_plans[key] = row_invariant_plan(weight)
+    k_chunk, min_rows = plan
+    if k_chunk >= weight.shape[1] and min_rows == 1:
+        return F.linear(x, weight, bias)  # the kernels are row-invariant as they are
+    y = _planned_linear(x.reshape(-1, x.shape[-1]), weight, k_chunk, min_rows)
+    y = y.reshape(*x.shape[:-1], weight.shape[0])
+    return y + bias if bias is not None else y
