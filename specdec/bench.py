@@ -76,14 +76,10 @@ def cost_model_bound(stats, plain_seconds_per_token: float) -> float | None:
     return stats.mean_accepted_length / (1 + mean_k * c)
 
 
-def is_bundled_target(target: str | None) -> bool:
-    return target is None or resolve_model_name(target).resolve() == DEFAULT_TARGET.resolve()
-
-
 def default_methods(target: str | None, draft: str | None, llama_server: Path | None) -> list[str]:
     """Every method that can run on this target: drafters need a draft (bundled for the
     bundled target only); llama.cpp when a build is found."""
-    if is_bundled_target(target):
+    if target is None or resolve_model_name(target).resolve() == DEFAULT_TARGET.resolve():
         methods = ["none", "draft", "ngram", "medusa", "eagle", "hf", "hf-assisted", "hf-lookup"]
     else:
         methods = ["none", "ngram"] + (["draft"] if draft else []) + ["hf", "hf-lookup"]
@@ -127,10 +123,12 @@ def make_runner(m: str, setup: dict, stack: ExitStack, tokenizer: TextTokenizer)
 
 def run_bench(methods: list[str], temperatures: list[float], tasks: list[str], target: str | None,
               draft: str | None, max_new_tokens: int, per_task: int, draft_tokens: int | None,
-              dtype: str = "float32", heads: dict | None = None, repeats: int = 1, log=print,
+              dtype: str = "float32", heads: dict | None = None, repeats: int = 1, log=None,
               llama_server: Path | None = None, llama_gguf: Path | None = None) -> list[Row]:
     """Every method on every prompt of `tasks` at each temperature; llama.cpp runs `llama_gguf`
-    (default: the target rewritten as GGUF in `dtype`)."""
+    (default: the target rewritten as GGUF in `dtype`). Progress goes to `log` (default stderr,
+    so that stdout holds the table alone)."""
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     setup = dict(target=target, draft=draft, dtype=dtype, heads=heads or {}, draft_tokens=draft_tokens,
                  llama_server=llama_server, llama_gguf=llama_gguf)
     tokenizer = TextTokenizer(target or DEFAULT_TARGET)
@@ -158,10 +156,9 @@ def measure_task(texts: list[str], task: str, temp: float, runners: dict, max_ne
     rows, plain_tps = [], None
     for m, runner in runners.items():
         s = GenerationStats.merge(runs[m])
-        memory, rss = runner.memory_mb(), runner.peak_rss_mb()
+        memory, rss = (None if x is None else round(x, 1) for x in (runner.memory_mb(), runner.peak_rss_mb()))
         row = Row(m, task, temp, s.new_tokens, round(s.wall_seconds, 3), round(s.tokens_per_second, 2),
-                  model_memory_mb=None if memory is None else round(memory, 1),
-                  peak_rss_mb=None if rss is None else round(rss, 1))
+                  model_memory_mb=memory, peak_rss_mb=rss)
         if m == "none":
             plain_tps = s.tokens_per_second
         if runner.speculative and s.target_forwards:  # transformers reports no per-step counts

@@ -91,7 +91,7 @@ class LlamaServer:
         self.extra_args = tuple(extra_args)  # e.g. ("-fa", "off", "-ctk", "f32", "-ctv", "f32")
         self.process: subprocess.Popen | None = None
         self.port = 0
-        self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
+        self.log = None  # the server's output, a temporary file while it runs
 
     def command(self) -> list[str]:
         return [str(self.binary), "-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(self.port),
@@ -100,21 +100,25 @@ class LlamaServer:
 
     def start(self) -> LlamaServer:
         self.port = _free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
         self.process = subprocess.Popen(self.command(), stdout=self.log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + self.startup_seconds
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise SpecdecError(f"{SERVER} exited with status {self.process.returncode} while loading "
-                                   f"{str(self.gguf)!r}:\n{self.log_tail()}")
+                message = (f"{SERVER} exited with status {self.process.returncode} while loading "
+                           f"{str(self.gguf)!r}:\n{self.log_tail()}")
+                self.stop()
+                raise SpecdecError(message)
             try:
                 if self._request("GET", "/health", timeout=2).get("status") == "ok":
                     return self
             except (OSError, SpecdecError):
                 pass
             time.sleep(0.2)
+        message = f"{SERVER} did not become ready within {self.startup_seconds:.0f} s:\n{self.log_tail()}"
         self.stop()
-        raise SpecdecError(f"{SERVER} did not become ready within {self.startup_seconds:.0f} s:\n{self.log_tail()}")
+        raise SpecdecError(message)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -124,7 +128,9 @@ class LlamaServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        self.log.close()
+        if self.log is not None:
+            self.log.close()
+            Path(self.log.name).unlink(missing_ok=True)  # its tail is in any error raised before
 
     def __enter__(self) -> LlamaServer:
         return self.start()

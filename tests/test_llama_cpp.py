@@ -67,6 +67,7 @@ def test_server_round_trip_and_request_fields(fake_bin, gguf_file):
         with pytest.raises(SpecdecError, match="answered 400 on /completion"):
             server.complete([], 3)
     assert server.process.poll() is not None  # stopped on exit
+    assert not Path(server.log.name).exists()  # and its log removed
 
 
 def test_completion_request_turns_off_llama_cpp_defaults(fake_bin, gguf_file, monkeypatch):
