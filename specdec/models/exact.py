@@ -21,7 +21,7 @@ import torch.nn.functional as F
 # pass widths decoding uses: plain steps, chains of up to 8 drafts, trees of up to 64 nodes
 PROBE_ROWS = (2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 24, 33, 48, 65)
 _plans: dict[tuple, tuple[int, int]] = {}  # by shape, dtype, device and threads
-_weight_plans: dict[tuple, tuple[int, int]] = {}  # by weight: one dict lookup per call
+_weight_plans: dict[tuple, tuple[int, int]] = {}  # by weight and threads: one dict lookup per call
 
 
 def attend_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: int | torch.Tensor,
@@ -93,7 +93,7 @@ def row_invariant_plan(weight: torch.Tensor) -> tuple[int, int]:
 
 def exact_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear whose every row is computed alike whatever the number of rows."""
-    key = (weight.data_ptr(), weight.shape, weight.dtype)
+    key = (weight.data_ptr(), weight.shape, weight.dtype, torch.get_num_threads())  # kernels choose by threads too
     plan = _weight_plans.get(key)
     if plan is None:
         plan = _weight_plans[key] = row_invariant_plan(weight)
