@@ -50,9 +50,10 @@ class Row:
 
 
 class SpecdecRunner:
-    def __init__(self, decoder: SpecDecoder):
+    def __init__(self, decoder: SpecDecoder, seed_mode: str = "rejection"):
         self.decoder = decoder
         self.speculative = decoder.speculative
+        self.seed_mode = seed_mode
 
     def memory_mb(self) -> float:
         return self.decoder.memory_bytes() / 2**20
@@ -63,7 +64,7 @@ class SpecdecRunner:
     def run(self, prompt: str, temperature: float, max_new: int, seed: int) -> GenerationStats:
         # ignore_eos: every run produces exactly max_new tokens, so all methods do the same work
         return self.decoder.generate(prompt, temperature=temperature, max_new_tokens=max_new, seed=seed,
-                                     ignore_eos=True).stats
+                                     seed_mode=self.seed_mode, ignore_eos=True).stats
 
 
 def cost_model_bound(stats, plain_seconds_per_token: float) -> float | None:
@@ -93,15 +94,20 @@ def default_tasks(tokenizer: TextTokenizer) -> list[str]:
 
 
 def make_runner(m: str, setup: dict, stack: ExitStack, tokenizer: TextTokenizer):
-    """The runner for bench method `m` ("draft:4" = draft with a fixed K of 4)."""
-    base, _, fixed = m.partition(":")
+    """The runner for bench method `m` ("draft:4" = draft with a fixed K of 4; "draft@seeded" =
+    seeded drafter-invariant sampling instead of rejection sampling, the seeds being the bench's)."""
+    name, _, mode = m.partition("@")
+    base, _, fixed = name.partition(":")
     if fixed and not fixed.isdigit():
         raise SpecdecError(f"bad method {m!r}: use NAME or NAME:K with an integer K")
+    if mode not in ("", "seeded") or (mode and base not in SPECDEC_METHODS):
+        raise SpecdecError(f"bad method {m!r}: only specdec methods take the suffix @seeded")
     target, draft, dtype = setup["target"], setup["draft"], setup["dtype"]
     if base in SPECDEC_METHODS:
         drafter = draft if base == "draft" else setup["heads"].get(base)  # medusa/eagle head folders
         return SpecdecRunner(load(target=target, draft=drafter, method=base, dtype=dtype,
-                                  draft_tokens=int(fixed) if fixed else setup["draft_tokens"]))
+                                  draft_tokens=int(fixed) if fixed else setup["draft_tokens"]),
+                             seed_mode="invariant" if mode else "rejection")
     if base in HF_METHODS and not fixed:
         draft_dir = draft or (DEFAULT_DRAFT if target is None else None)
         if m == "hf-assisted" and draft_dir is None:
@@ -118,7 +124,8 @@ def make_runner(m: str, setup: dict, stack: ExitStack, tokenizer: TextTokenizer)
                              LLAMA_CPP_METHODS[base])
         return LlamaCppPeer(m, stack.enter_context(server), tokenizer)
     raise SpecdecError(f"unknown bench method {m!r}; choose from "
-                       f"{', '.join(SPECDEC_METHODS + HF_METHODS + tuple(LLAMA_CPP_METHODS))} (NAME:K fixes K)")
+                       f"{', '.join(SPECDEC_METHODS + HF_METHODS + tuple(LLAMA_CPP_METHODS))} (NAME:K fixes K; "
+                       "a specdec NAME@seeded uses seeded drafter-invariant sampling)")
 
 
 def run_bench(methods: list[str], temperatures: list[float], tasks: list[str], target: str | None,
@@ -278,7 +285,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def add_parser(sub) -> None:
     b = sub.add_parser("bench", help="benchmark methods side by side (speedup vs none)")
     b.add_argument("--methods", help="comma-separated (default: every method this target can run, incl. "
-                                     "the transformers peer and llama.cpp when found)")
+                                     "the transformers peer and llama.cpp when found). NAME:K fixes K; "
+                                     "NAME@seeded samples with seeded drafter-invariant sampling (the "
+                                     "default: rejection sampling)")
     b.add_argument("--temperatures", default="0,0.7,1.0")
     b.add_argument("--tasks", help=f"comma-separated from {', '.join(TASKS)} (default: code,chat,rewrite "
                                    "for a model with a chat template, else code,edit,freetext)")

@@ -7,6 +7,7 @@ import argparse
 from specdec.api import METHODS, SpecDecoder, load
 from specdec.engine import GenerationStats
 from specdec.errors import SpecdecError
+from specdec.sampling import SEED_MODES
 
 
 def add_checkpoint_args(p: argparse.ArgumentParser,
@@ -61,7 +62,15 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     add_penalty_args(p)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=None)
+    add_seed_mode_arg(p)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def add_seed_mode_arg(p: argparse.ArgumentParser, default: str = "invariant") -> None:
+    p.add_argument("--seed-mode", choices=SEED_MODES, default=default,
+                   help="with a seed at T > 0: 'invariant' = every method reproduces plain sampling's output "
+                        "for that seed token for token; 'rejection' = rejection sampling (accepts more drafts, "
+                        f"a seed reproduces only the same method and settings). Default {default}")
 
 
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
@@ -74,7 +83,8 @@ def distribution(args: argparse.Namespace) -> dict:
 
 def sampling(args: argparse.Namespace) -> dict:
     """Keyword arguments for SpecDecoder.generate()/stream()."""
-    return dict(distribution(args), max_new_tokens=args.max_new_tokens, seed=args.seed, stop=tuple(args.stop),
+    return dict(distribution(args), max_new_tokens=args.max_new_tokens, seed=args.seed, seed_mode=args.seed_mode,
+                stop=tuple(args.stop),
                 presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
                 repetition_penalty=args.repetition_penalty)
 

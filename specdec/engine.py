@@ -17,9 +17,10 @@ from specdec.controller import Controller, DraftLengthController, TreeSizeContro
 from specdec.errors import SpecdecError
 from specdec.logprobs import last_entries, token_logprobs
 from specdec.models.runner import Runner
-from specdec.penalties import TokenHistory, chain_paths, history_for, tree_paths
+from specdec.penalties import chain_paths, history_for, tree_paths
 from specdec.proposers.base import Proposal, Proposer
 from specdec.sampling import SamplingParams, final_probs, make_generator
+from specdec.seeded import PositionNoise
 from specdec.sequence import GenerationResult, Sequence, StreamChunk
 from specdec.stats import GenerationStats, StepRecord
 from specdec.text import TextStream, TextTokenizer
@@ -27,8 +28,10 @@ from specdec.verify import (
     TorchRandom,
     tree_attention_mask,
     tree_depths,
+    verify_choices,
     verify_greedy,
     verify_rejection,
+    verify_tree_choices,
     verify_tree_greedy,
     verify_tree_sampling,
     verify_tree_typical,
@@ -57,8 +60,9 @@ class Engine:
         self.max_draft_tokens = max_draft_tokens
         self.fixed_draft_tokens = fixed_draft_tokens
         self.typical_acceptance = typical_acceptance  # LOSSY tree acceptance, off by default
-        # batch-invariant greedy passes: each row of a verify pass gives the logits a 1-token
-        # pass would, so greedy speculative output equals plain decoding's bit for bit in any dtype
+        # batch-invariant passes for greedy and seeded drafter-invariant sampling: each row of a
+        # verify pass gives the logits a 1-token pass would, so the speculative output equals
+        # plain decoding's bit for bit in any dtype
         self.exact = exact
         self._controllers: dict[tuple, Controller] = {}
         self.pass_costs: PassCosts | None = None  # from calibrate(): the controllers' starting costs
@@ -128,7 +132,8 @@ class Engine:
                        GenerationStats(self.method, lossy=self.typical_acceptance and not params.greedy),
                        started_at, context=list(prompt_ids), generated=[],
                        history=history_for(params, prompt_ids, self.target.vocab_size),
-                       token_logprobs=[] if params.logprobs is not None else None)
+                       token_logprobs=[] if params.logprobs is not None else None,
+                       noise=PositionNoise(params.seed, self.target.vocab_size) if params.drafter_invariant else None)
         self.target.reset()
         if self.proposer is not None:
             self.proposer.reset(prompt_ids)
@@ -149,11 +154,12 @@ class Engine:
         t0 = time.perf_counter()
         room = self.target.max_len - len(seq.context)  # cache room left after the fed tokens
         budget = self._choose_budget(seq, room)
-        proposal = (self.proposer.propose(seq.context, budget, seq.params, seq.generator, history=seq.history)
+        proposal = (self.proposer.propose(seq.context, budget, seq.params, seq.generator, history=seq.history,
+                                          noise=seq.noise)
                     if budget > 0 else Proposal([]))
         t1 = time.perf_counter()
         verify = self._verify_chain if proposal.parents is None else self._verify_tree
-        verified = verify(seq.context[-1], proposal, seq.params, seq.rng, seq.history)
+        verified = verify(seq, proposal)
         if self.needs_hidden:
             self.proposer.observe_target(self.target.last_hidden[verified.kept])
         new, hit_eos = self._cut(verified.new_tokens, seq)
@@ -203,41 +209,50 @@ class Engine:
                     return tokens[:i + 1], True
         return tokens, False
 
-    def _target_pass(self, ids: list[int], params: SamplingParams, **kwargs) -> tuple[torch.Tensor, float]:
-        """Exact (batch-invariant) kernels for greedy decoding only: sampling is lossless in
-        distribution either way, so it keeps the fastest kernels."""
+    def _target_pass(self, ids: list[int], seq: Sequence, **kwargs) -> tuple[torch.Tensor, float]:
+        """Exact (batch-invariant) kernels where the output is a deterministic function of the
+        target's rows (greedy, seeded races); rejection sampling is lossless in distribution
+        either way, so it keeps the fastest kernels."""
         t0 = time.perf_counter()
-        logits = self.target.extend(ids, want_hidden=self.needs_hidden, exact=self.exact and params.greedy, **kwargs)
+        exact = self.exact and (seq.params.greedy or seq.noise is not None)
+        logits = self.target.extend(ids, want_hidden=self.needs_hidden, exact=exact, **kwargs)
         return logits, time.perf_counter() - t0
 
-    def _verify_chain(self, last: int, proposal: Proposal, params: SamplingParams, rng: TorchRandom,
-                      history: TokenHistory | None) -> Verified:
+    def _verify_chain(self, seq: Sequence, proposal: Proposal) -> Verified:
         """Score [last] + drafts in one pass; keep the accepted prefix in the cache."""
-        drafts, start = proposal.tokens, self.target.length
-        logits, seconds = self._target_pass([last] + drafts, params)
+        drafts, start, params, history = proposal.tokens, self.target.length, seq.params, seq.history
+        logits, seconds = self._target_pass([seq.context[-1]] + drafts, seq)
         target_probs = final_probs(logits, params, history and history.rows(chain_paths(drafts)))
         if params.greedy:
             verdict = verify_greedy(drafts, target_probs)
+        elif seq.noise is not None:  # row i predicts the token at position len(context) + i
+            positions = list(range(len(seq.context), len(seq.context) + len(drafts) + 1))
+            verdict = verify_choices(drafts, seq.noise.samples(target_probs, positions))
         else:
-            verdict = verify_rejection(drafts, proposal.draft_probs, target_probs, rng)
+            verdict = verify_rejection(drafts, proposal.draft_probs, target_probs, seq.rng)
         n = verdict.num_accepted
         self.target.rollback(start + 1 + n)
         return Verified(drafts[:n] + [verdict.next_token], n, list(range(n + 1)), seconds, logits)
 
-    def _verify_tree(self, last: int, proposal: Proposal, params: SamplingParams, rng: TorchRandom,
-                     history: TokenHistory | None) -> Verified:
+    def _verify_tree(self, seq: Sequence, proposal: Proposal) -> Verified:
         """Score [last] + tree nodes in one pass with a tree mask; keep only the accepted path."""
         drafts, parents, start = proposal.tokens, proposal.parents, self.target.length
-        depths = torch.tensor([0] + tree_depths(parents))
-        logits, seconds = self._target_pass([last] + drafts, params, attn_mask=tree_attention_mask(parents),
-                                            positions=start + depths)
+        params, history = seq.params, seq.history
+        depths = [0] + tree_depths(parents)
+        logits, seconds = self._target_pass([seq.context[-1]] + drafts, seq,
+                                            attn_mask=tree_attention_mask(parents),
+                                            positions=start + torch.tensor(depths))
         target_probs = final_probs(logits, params, history and history.rows(tree_paths(drafts, parents)))
         if params.greedy:
             verdict = verify_tree_greedy(drafts, parents, target_probs)
+        elif seq.noise is not None:  # the row of a node at depth d predicts position len(context) + d
+            positions = [len(seq.context) + d for d in depths]
+            verdict = verify_tree_choices(drafts, parents, seq.noise.samples(target_probs, positions))
         elif self.typical_acceptance:
-            verdict = verify_tree_typical(drafts, parents, target_probs, rng)
+            verdict = verify_tree_typical(drafts, parents, target_probs, seq.rng)
         else:
-            verdict = verify_tree_sampling(drafts, parents, target_probs, rng, proposal.draft_probs, proposal.draws)
+            verdict = verify_tree_sampling(drafts, parents, target_probs, seq.rng, proposal.draft_probs,
+                                           proposal.draws)
         kept = [0] + [1 + i for i in verdict.path]
         self.target.keep(start, kept)
         return Verified([drafts[i] for i in verdict.path] + [verdict.next_token], len(verdict.path), kept, seconds,

@@ -3,7 +3,9 @@ continuations with a speculative method and with plain decoding and compares the
 samples with a chi-square test of homogeneity. At temperature 0 it compares greedy outputs on
 up to 20 prompts token for token: identical in every dtype in exact mode (batch-invariant
 passes; the default for bfloat16/float16, --exact for any dtype); with --no-exact it measures
-how often rounding that depends on the pass width makes the outputs diverge."""
+how often rounding that depends on the pass width makes the outputs diverge. With
+--seed-mode invariant (T > 0) it compares seeded outputs token for token in the same way:
+seed i must give the same tokens with and without speculation."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +13,7 @@ import json
 from collections import Counter
 
 from specdec.api import METHODS, SpecDecoder
-from specdec.cli_common import add_distribution_args, add_model_args, distribution, load_decoder
+from specdec.cli_common import add_distribution_args, add_model_args, add_seed_mode_arg, distribution, load_decoder
 from specdec.errors import SpecdecError
 from specdec.extras import require
 from specdec.prompts import build_suite
@@ -37,20 +39,26 @@ def homogeneity_p_value(a: Counter, b: Counter, min_expected: float = 5.0) -> fl
     return float(chi2_contingency([rows_a, rows_b]).pvalue)
 
 
-def greedy_identity(decoder_spec: SpecDecoder, decoder_plain: SpecDecoder, prompts: list[str], tokens: int) -> dict:
-    """How many prompts give token-for-token the same greedy output with and without speculation."""
+def output_identity(decoder_spec: SpecDecoder, decoder_plain: SpecDecoder, prompts: list[str], tokens: int,
+                    sampling: dict | None = None) -> dict:
+    """How many prompts give token-for-token the same output with and without speculation:
+    greedy, or seeded drafter-invariant sampling with seed i for prompt i."""
+    sampling = dict(sampling or {})
+    seeded = sampling.get("temperature", 0.0) > 0.0
+    kind = "seeded" if seeded else "greedy"
     diverged = []
     for i, prompt in enumerate(prompts):
-        a = decoder_spec.generate(prompt, max_new_tokens=tokens).token_ids
-        b = decoder_plain.generate(prompt, max_new_tokens=tokens).token_ids
+        options = dict(sampling, seed=i) if seeded else sampling
+        a = decoder_spec.generate(prompt, max_new_tokens=tokens, **options).token_ids
+        b = decoder_plain.generate(prompt, max_new_tokens=tokens, **options).token_ids
         if a != b:
             first = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             diverged.append({"prompt": i, "first_difference_at": first})
     same = len(prompts) - len(diverged)
-    return {"test": "greedy identity", "p_value": None, "prompts": len(prompts), "identical": same,
+    return {"test": f"{kind} identity", "p_value": None, "prompts": len(prompts), "identical": same,
             "diverged": diverged,
-            "verdict": f"LOSSLESS: identical greedy output on {same}/{len(prompts)} prompts" if not diverged
-            else f"DIFFERENT greedy output on {len(diverged)}/{len(prompts)} prompts"}
+            "verdict": f"LOSSLESS: identical {kind} output on {same}/{len(prompts)} prompts" if not diverged
+            else f"DIFFERENT {kind} output on {len(diverged)}/{len(prompts)} prompts"}
 
 
 def check_lossless(decoder_spec: SpecDecoder, decoder_plain: SpecDecoder, prompt: str, samples: int,
@@ -59,9 +67,9 @@ def check_lossless(decoder_spec: SpecDecoder, decoder_plain: SpecDecoder, prompt
     else a chi-square test between `samples` sampled continuations of each decoder."""
     if samples < 1 or tokens < 1:
         raise SpecdecError("--samples and --tokens must be >= 1")
-    if sampling.get("temperature", 0.0) == 0.0:
+    if sampling.get("temperature", 0.0) == 0.0 or sampling.get("seed_mode") == "invariant":
         prompts = [prompt] + [p.text for p in build_suite(7)][:max(0, min(samples, 20) - 1)]
-        return greedy_identity(decoder_spec, decoder_plain, prompts, tokens)
+        return output_identity(decoder_spec, decoder_plain, prompts, tokens, sampling)
     require("scipy.stats", "bench", "the chi-square test")  # fail before sampling, not after
     spec, plain = Counter(), Counter()
     drafted = accepted = 0
@@ -85,10 +93,11 @@ def check_lossless(decoder_spec: SpecDecoder, decoder_plain: SpecDecoder, prompt
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    sampling = distribution(args)
+    sampling = dict(distribution(args), seed_mode=args.seed_mode)
     if args.draft_tokens < 1:
         raise SpecdecError(f"--draft-tokens must be >= 1, got {args.draft_tokens}")
-    if args.temperature == 0.0 and args.tokens is None:
+    identity = args.temperature == 0.0 or args.seed_mode == "invariant"
+    if identity and args.tokens is None:
         args.tokens = 64
     elif args.tokens is None:
         args.tokens = 2
@@ -113,9 +122,12 @@ def add_parser(sub) -> None:
     add_model_args(v, methods=tuple(m for m in METHODS if m != "none"), method_default=None,
                    draft_tokens_default=4)
     add_distribution_args(v, temperature=1.0)
+    add_seed_mode_arg(v, default="rejection")
     v.add_argument("--prompt", default="def ")
     v.add_argument("--samples", type=int, default=2000,
-                   help="samples per method (T > 0); at T = 0, prompts compared (at most 20)")
-    v.add_argument("--tokens", type=int, default=None, help="tokens per sample (default 2; 64 at T = 0)")
+                   help="samples per method (T > 0); at T = 0 or --seed-mode invariant, prompts compared "
+                        "(at most 20)")
+    v.add_argument("--tokens", type=int, default=None,
+                   help="tokens per sample (default 2; 64 at T = 0 or --seed-mode invariant)")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_verify)

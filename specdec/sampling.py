@@ -84,6 +84,7 @@ OPTIONAL_BOUNDS: dict[str, Bounds] = {
     "logprobs": Bounds(0, MAX_LOGPROBS, integer=True),
     "prompt_logprobs": Bounds(0, MAX_LOGPROBS, integer=True),
 }
+SEED_MODES = ("invariant", "rejection")
 LOGIT_BIAS_BOUNDS = Bounds(-100.0, 100.0)  # OpenAI's range; -100 bans a token, +100 all but forces it
 
 
@@ -106,6 +107,10 @@ class SamplingParams:
     # alternatives. Raw model distribution (see logprobs.py for why)
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # the same for the prompt's tokens (from the prefill pass)
+    # with a seed and T > 0: "invariant" = every method and draft length reproduce plain
+    # sampling's tokens for that seed (seeded.py); "rejection" = rejection sampling, which
+    # accepts more drafts but reproduces a seed only for the same method and settings
+    seed_mode: str = "invariant"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
@@ -114,6 +119,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def drafter_invariant(self) -> bool:
+        """Whether tokens are seeded races (seeded.py) rather than rejection sampling."""
+        return self.seed is not None and not self.greedy and self.seed_mode == "invariant"
 
     @property
     def penalized(self) -> bool:
@@ -150,6 +160,8 @@ def validate(p: SamplingParams) -> None:
             raise SpecdecError(f"{name} must be {bounds.requirement} or None (off), got {value!r}")
     if p.seed is not None and not is_integer(p.seed):
         raise SpecdecError(f"seed must be an integer, got {p.seed!r}")
+    if p.seed_mode not in SEED_MODES:
+        raise SpecdecError(f"seed_mode must be one of {', '.join(SEED_MODES)}, got {p.seed_mode!r}")
     if not isinstance(p.ignore_eos, bool):
         raise SpecdecError(f"ignore_eos must be true or false, got {p.ignore_eos!r}")
     for s in p.stop:
@@ -210,21 +222,27 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 
 def draw_distinct(probs: torch.Tensor, n: int, generator: torch.Generator | None,
-                  support: int = 64) -> tuple[list[list[int]], torch.Tensor]:
+                  support: int = 64, exponentials: torch.Tensor | None = None,
+                  ) -> tuple[list[list[int]], torch.Tensor]:
     """Per row of probs [R, V], n distinct tokens drawn without replacement, in draw order, and
     the distribution they were drawn from: each row restricted to its `support` most probable
     tokens and renormalised (the verifier must be given this one), so that a draw costs
     random numbers for `support` tokens, not V. An exponential race: token i arrives at
     E_i / p_i with E_i ~ Exp(1), and the arrival order is a sequential draw without
-    replacement. Rows run short when fewer than n tokens have mass."""
+    replacement. Rows run short when fewer than n tokens have mass. exponentials [R, V]: the
+    E_i to race with (seeded.PositionNoise rows) instead of fresh ones from the generator."""
     if support < probs.shape[-1]:
         top = probs.topk(support, dim=-1)
         compact, index = top.values / top.values.sum(-1, keepdim=True), top.indices
         drawn_from = torch.zeros_like(probs).scatter_(-1, index, compact)
     else:
         compact, index, drawn_from = probs, None, probs
-    uniform = torch.rand(compact.shape, generator=generator, dtype=compact.dtype, device=compact.device)
-    arrival_rate = compact / -uniform.clamp_min(torch.finfo(compact.dtype).tiny).log()  # p / Exp(1)
+    if exponentials is None:
+        uniform = torch.rand(compact.shape, generator=generator, dtype=compact.dtype, device=compact.device)
+        exponentials = -uniform.clamp_min(torch.finfo(compact.dtype).tiny).log()
+    elif index is not None:
+        exponentials = exponentials.gather(-1, index)
+    arrival_rate = compact / exponentials.to(compact.dtype)  # p / Exp(1)
     order = arrival_rate.topk(min(n, compact.shape[-1]), dim=-1)
     tokens = order.indices if index is None else index.gather(-1, order.indices)
     return [[t for t, rate in zip(row_tokens, rates) if rate > 0]

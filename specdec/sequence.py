@@ -10,6 +10,7 @@ from specdec.controller import Controller
 from specdec.logprobs import TokenLogprob
 from specdec.penalties import TokenHistory
 from specdec.sampling import SamplingParams
+from specdec.seeded import PositionNoise
 from specdec.stats import GenerationStats, StepRecord
 from specdec.text import TextStream
 from specdec.verify import TorchRandom
@@ -54,6 +55,7 @@ class Sequence:
     history: TokenHistory | None = None  # token counts for penalties (None: params not penalized)
     token_logprobs: list[TokenLogprob] | None = None  # one per generated token, when asked for
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    noise: PositionNoise | None = None  # seeded drafter-invariant sampling (params.drafter_invariant)
 
     @property
     def remaining(self) -> int:

@@ -40,7 +40,13 @@ class ChainVerdict:
 
 def verify_greedy(draft_tokens: list[int], target_probs: torch.Tensor) -> ChainVerdict:
     """Keep the longest prefix equal to the target's argmax, then the target's argmax."""
-    target_choice = target_probs.argmax(-1).tolist()
+    return verify_choices(draft_tokens, target_probs.argmax(-1).tolist())
+
+
+def verify_choices(draft_tokens: list[int], target_choice: list[int]) -> ChainVerdict:
+    """Keep the longest prefix equal to the target's own deterministic choices (its argmax, or
+    its seeded race winners: seeded.py), then the target's choice: the output is the one the
+    target alone would give, whatever was drafted."""
     n = 0
     while n < len(draft_tokens) and draft_tokens[n] == target_choice[n]:
         n += 1
@@ -113,8 +119,13 @@ def tree_attention_mask(parents: list[int]) -> torch.Tensor:
 
 def verify_tree_greedy(tokens: list[int], parents: list[int], target_probs: torch.Tensor) -> TreeVerdict:
     """Follow the child equal to the target's argmax."""
+    return verify_tree_choices(tokens, parents, target_probs.argmax(-1).tolist())
+
+
+def verify_tree_choices(tokens: list[int], parents: list[int], choice: list[int]) -> TreeVerdict:
+    """Follow the child equal to the target's deterministic choice at each node (row 0: the
+    root's, row 1+i: node i's), as verify_choices does along a chain."""
     children = tree_children(parents)
-    choice = target_probs.argmax(-1).tolist()
     path, node = [], -1
     while True:
         want = choice[node + 1]

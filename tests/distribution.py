@@ -64,10 +64,13 @@ def exact_joint(target_dir: Path, params: SamplingParams) -> dict:
     return out
 
 
-def sample_counts(decoder, params_kw: dict, n: int) -> dict:
+def sample_counts(decoder, params_kw: dict, n: int, seed_mode: str = "rejection") -> dict:
+    """seed_mode "rejection" (default): the seeds only make runs repeatable, the verifier under
+    test is rejection sampling; "invariant": seeded races (specdec/seeded.py)."""
     counts: dict = {}
     for seed in range(n):  # ignore_eos: the exact joint treats token 0 as an ordinary token
-        ids = tuple(decoder.generate(PROMPT, max_new_tokens=NEW, seed=seed, ignore_eos=True, **params_kw).token_ids)
+        ids = tuple(decoder.generate(PROMPT, max_new_tokens=NEW, seed=seed, seed_mode=seed_mode, ignore_eos=True,
+                                     **params_kw).token_ids)
         counts[ids] = counts.get(ids, 0) + 1
     return counts
 
@@ -92,9 +95,10 @@ def chi_square_p(counts: dict, joint: dict) -> float:
     return float(chisquare(obs, exp).pvalue)
 
 
-def p_value(decoder, target_dir: Path, params_kw: dict, n: int) -> float:
+def p_value(decoder, target_dir: Path, params_kw: dict, n: int, seed_mode: str = "rejection") -> float:
     """p-value of the hypothesis that decoder samples the target's exact joint distribution."""
-    return chi_square_p(sample_counts(decoder, params_kw, n), exact_joint(target_dir, SamplingParams(**params_kw)))
+    return chi_square_p(sample_counts(decoder, params_kw, n, seed_mode),
+                        exact_joint(target_dir, SamplingParams(**params_kw)))
 
 
 class PenalizedLM:

@@ -73,3 +73,23 @@ def test_verify_needs_a_speculative_method(tmp_path, capsys):
     except SystemExit as e:
         code = e.code
     assert code == 2 and "--method" in capsys.readouterr().err
+
+
+def seeded_verify(tmp_path, capsys) -> tuple[int, dict]:
+    target = make_model_dir(tmp_path / "t", layers=1, max_pos=2048, seed=1)
+    draft = make_model_dir(tmp_path / "d", layers=1, max_pos=2048, seed=2)
+    code = main(["verify", "--target", str(target), "--draft", str(draft), "--method", "draft",
+                 "--temperature", "0.8", "--seed-mode", "invariant", "--samples", "3", "--tokens", "16", "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_seeded_verify_compares_seeded_outputs_token_for_token(tmp_path, capsys):
+    code, report = seeded_verify(tmp_path, capsys)
+    assert code == 0 and report["test"] == "seeded identity" and report["identical"] == 3
+
+
+def test_seeded_verify_catches_a_verifier_that_keeps_wrong_drafts(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(specdec.engine, "verify_choices",
+                        lambda drafts, choices: ChainVerdict(len(drafts), choices[len(drafts)]))
+    code, report = seeded_verify(tmp_path, capsys)
+    assert code == 1 and report["identical"] < 3 and "DIFFERENT seeded output" in report["verdict"]

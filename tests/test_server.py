@@ -246,6 +246,18 @@ def test_n_and_seed(client, draft_reference):
     assert texts == want
 
 
+def test_a_seed_gives_plain_decodings_output_whatever_the_method(client, reference, draft_reference):
+    """Seeded drafter-invariant sampling (the default with a seed): the draft server returns
+    what plain decoding returns for that seed; seed_mode "rejection" keeps rejection sampling."""
+    plain = [reference.generate(PROMPT, temperature=1.0, max_new_tokens=N, seed=11 + i).text for i in range(3)]
+    resp = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=N, temperature=1.0, n=3, seed=11)
+    assert [c.text for c in resp.choices] == plain
+    rejection = draft_reference.generate(PROMPT, temperature=1.0, max_new_tokens=N, seed=11, seed_mode="rejection")
+    resp = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=N, temperature=1.0, seed=11,
+                                     extra_body={"seed_mode": "rejection"})
+    assert resp.choices[0].text == rejection.text
+
+
 # ---------------------------------------------------------------- logprobs, echo, penalties
 
 def _close(got: list, want: list) -> bool:
@@ -563,6 +575,7 @@ REFUSED = [  # (fields, the parameter the 400 must name)
     ({"presence_penalty": 2.0000000000000004}, "presence_penalty"), ({"frequency_penalty": -2.5}, "frequency_penalty"),
     ({"repetition_penalty": -5e-324}, "repetition_penalty"), ({"repetition_penalty": 1e400}, "repetition_penalty"),
     ({"logit_bias": {"3": 100.00000000000001}}, "logit_bias"),
+    ({"seed_mode": "gumbel"}, "seed_mode"), ({"seed_mode": 1}, "seed_mode"),
 ]
 
 

@@ -11,6 +11,7 @@ import torch
 from specdec.errors import SpecdecError
 from specdec.penalties import TokenHistory
 from specdec.sampling import SamplingParams
+from specdec.seeded import PositionNoise
 
 
 @dataclass
@@ -46,10 +47,14 @@ class Proposer(Protocol):
         """Bytes of the drafter's own weights and caches (not counting what it shares with the target)."""
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None, history: TokenHistory | None = None) -> Proposal:
+                generator: torch.Generator | None, history: TokenHistory | None = None,
+                noise: PositionNoise | None = None) -> Proposal:
         """Up to k tokens (chain) or nodes (tree) that may follow context. history (when
         params.penalized): the context's token counts; a drafter that samples from a model
-        adjusts each row with history.rows(its path), as the target's rows are adjusted."""
+        adjusts each row with history.rows(its path), as the target's rows are adjusted.
+        noise (seeded drafter-invariant sampling): a drafter that samples draws the token at
+        position t (len(context) + depth) as the race winner with noise.exponentials(t), which
+        makes it agree with the target's own seeded choice as often as possible."""
 
     def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
         """Hidden states [n, d] of the tokens just added to the target's cache, in order

@@ -9,6 +9,7 @@ from specdec.models.runner import Runner
 from specdec.penalties import TokenHistory, adjust_logits
 from specdec.proposers.base import Proposal
 from specdec.sampling import SamplingParams, final_probs
+from specdec.seeded import PositionNoise, race
 
 
 class DraftModelProposer:
@@ -46,7 +47,8 @@ class DraftModelProposer:
         return context[n:]
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None, history: TokenHistory | None = None) -> Proposal:
+                generator: torch.Generator | None, history: TokenHistory | None = None,
+                noise: PositionNoise | None = None) -> Proposal:
         k = min(k, self.runner.max_len - len(context))
         if k <= 0:
             return Proposal([], None)
@@ -59,7 +61,7 @@ class DraftModelProposer:
             feed = feed[-1:]
             sync_seconds = time.perf_counter() - t0
         tokens, rows = [], []
-        for _ in range(k):
+        for i in range(k):
             logits = self.runner.extend(feed)[-1]
             self.cached.extend(feed)
             # penalised like the target's row after the same drafts
@@ -68,7 +70,10 @@ class DraftModelProposer:
                 token = int((logits if penalty_row is None else adjust_logits(logits, params, penalty_row)).argmax())
             else:
                 probs = final_probs(logits[None], params, penalty_row)[0]
-                token = int(torch.multinomial(probs, 1, generator=generator))
+                if noise is not None:  # the race the target's seeded choice at this position runs
+                    token = int(race(probs, noise.exponentials(len(context) + i)))
+                else:
+                    token = int(torch.multinomial(probs, 1, generator=generator))
                 rows.append(probs)
             tokens.append(token)
             feed = [token]

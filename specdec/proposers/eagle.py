@@ -22,6 +22,7 @@ from specdec.penalties import PenaltyRows, TokenHistory, adjust_logits, tree_pat
 from specdec.proposers.base import Proposal
 from specdec.proposers.head_folder import load_head, save_head
 from specdec.sampling import SamplingParams, draw_distinct, final_probs
+from specdec.seeded import PositionNoise
 
 EAGLE_TYPE = "specdec-eagle"
 
@@ -129,33 +130,37 @@ class EagleProposer:
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None, history: TokenHistory | None = None) -> Proposal:
+                generator: torch.Generator | None, history: TokenHistory | None = None,
+                noise: PositionNoise | None = None) -> Proposal:
         if k <= 0:
             return Proposal([])
         sync_seconds = self._catch_up(context)
         if self.root_feature is None:
             return Proposal([])
-        proposal = self._grow_tree(self.root_feature, len(context) - 1, k, params, generator, history)
+        proposal = self._grow_tree(self.root_feature, len(context) - 1, k, params, generator, history, noise)
         proposal.sync_seconds = sync_seconds
         return proposal
 
     def _children(self, features: torch.Tensor, top_k: int, params: SamplingParams,
                   generator: torch.Generator | None, rows: PenaltyRows | None = None,
+                  exponentials: torch.Tensor | None = None,
                   ) -> tuple[list[list[int]], list[list[float]], torch.Tensor | None]:
         """Per feature row: child tokens and their draft log-probabilities; greedy takes the
         top k, sampling draws k without replacement from the final distribution q (returned).
-        rows: with penalties, each feature row's token counts (the tree path it follows)."""
+        rows: with penalties, each feature row's token counts (the tree path it follows).
+        exponentials: seeded races' noise for the children's position (seeded.py)."""
         logits = self.lm_head(features).float()
         if params.greedy:
             if rows is not None:
                 logits = adjust_logits(logits, params, rows)
             top = torch.log_softmax(logits, -1).topk(top_k, dim=-1)
             return top.indices.tolist(), top.values.tolist(), None
-        drawn, q = draw_distinct(final_probs(logits, params, rows), top_k, generator)
+        drawn, q = draw_distinct(final_probs(logits, params, rows), top_k, generator, exponentials=exponentials)
         return drawn, [q[row, tokens].log().tolist() for row, tokens in enumerate(drawn)], q
 
     def _grow_tree(self, root_feature: torch.Tensor, base: int, k: int, params: SamplingParams,
-                   generator: torch.Generator | None, history: TokenHistory | None = None) -> Proposal:
+                   generator: torch.Generator | None, history: TokenHistory | None = None,
+                   noise: PositionNoise | None = None) -> Proposal:
         """EAGLE-2 expansion from the predicted feature of the pending token (position `base`).
 
         Scores only fall along a path, so a node scoring no better than the k-th best node so
@@ -176,7 +181,10 @@ class EagleProposer:
             if history is not None:  # penalised as the target will be: by each frontier node's path
                 paths = tree_paths(tokens, parents)
                 rows = history.rows([paths[node + 1] for node in frontier])
-            drawn, logps, q = self._children(features, top_k, params, generator, rows)
+            # the frontier's children hold the token at position base + 1 + depth
+            exponentials = None if noise is None else noise.exponentials(base + 1 + depth)[None].expand(
+                len(frontier), -1)
+            drawn, logps, q = self._children(features, top_k, params, generator, rows, exponentials)
             children: list[tuple[int, int]] = []  # (node, row of its parent's feature)
             for row, parent in enumerate(frontier):
                 parent_score = scores[parent] if parent >= 0 else 0.0

@@ -15,6 +15,7 @@ from specdec.proposers.base import Proposal
 from specdec.proposers.head_folder import load_head, save_head
 from specdec.proposers.trees import tree_from_choices
 from specdec.sampling import SamplingParams, draw_distinct, final_probs
+from specdec.seeded import PositionNoise
 
 MEDUSA_TYPE = "specdec-medusa"
 
@@ -80,7 +81,8 @@ class MedusaProposer:
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None, history: TokenHistory | None = None) -> Proposal:
+                generator: torch.Generator | None, history: TokenHistory | None = None,
+                noise: PositionNoise | None = None) -> Proposal:
         """Greedy: the heads' top candidates. Sampling: each depth's candidates are drawn
         without replacement from that head's final distribution (all nodes of a depth share
         them), which the verifier uses to accept with min(1, p/q)."""
@@ -91,12 +93,15 @@ class MedusaProposer:
         logits = self.lm_head(self.heads(self.last_hidden)[:depth])  # [depth, V]
         ranks = self.max_rank[:depth]
         if history is not None:
-            return self._propose_penalized(choices, logits, ranks, params, generator, history)
+            return self._propose_penalized(choices, logits, ranks, params, generator, history,
+                                           len(context), noise)
         if params.greedy:
             candidates = [logits[d].topk(ranks[d]).indices.tolist() for d in range(depth)]
             tokens, parents = tree_from_choices(choices, candidates)
             return Proposal(tokens, None, parents)
-        drawn, q = draw_distinct(final_probs(logits, params), max(ranks), generator)
+        # head d drafts the token at position len(context) + d
+        exponentials = None if noise is None else noise.rows(list(range(len(context), len(context) + depth)))
+        drawn, q = draw_distinct(final_probs(logits, params), max(ranks), generator, exponentials=exponentials)
         candidates = [drawn[d][:ranks[d]] for d in range(depth)]
         tokens, parents = tree_from_choices(choices, candidates)
         draft_probs = torch.zeros(len(tokens) + 1, q.shape[-1], dtype=q.dtype)
@@ -111,11 +116,13 @@ class MedusaProposer:
 
     def _propose_penalized(self, choices: list[tuple[int, ...]], logits: torch.Tensor, ranks: list[int],
                            params: SamplingParams, generator: torch.Generator | None,
-                           history: TokenHistory) -> Proposal:
+                           history: TokenHistory, position: int = 0,
+                           noise: PositionNoise | None = None) -> Proposal:
         """With penalties a head's distribution at a node depends on the node's path (as the
         target's does), so nodes of one depth no longer share candidates: the tree is built
         level by level, each expanded node getting its own adjusted row and its own candidates
-        (the top ranks when greedy, drawn without replacement when sampling)."""
+        (the top ranks when greedy, drawn without replacement when sampling). position: where
+        depth 0's tokens go (len(context)), for the seeded races' noise."""
         tokens: list[int] = []
         parents: list[int] = []
         paths: list[list[int]] = [[]]  # paths[1 + i]: node i's path from the root; [0]: the root's
@@ -132,7 +139,9 @@ class MedusaProposer:
             if params.greedy:
                 ranked = adjust_logits(head_logits, params, rows).topk(rank, dim=-1).indices.tolist()
             else:
-                ranked, q = draw_distinct(final_probs(head_logits, params, rows), rank, generator)
+                exponentials = None if noise is None else noise.rows([position + d] * len(expanded))
+                ranked, q = draw_distinct(final_probs(head_logits, params, rows), rank, generator,
+                                          exponentials=exponentials)
                 q_rows.update(zip(expanded, q))
             candidates.update(zip(expanded, ranked))
             for choice in level:

@@ -8,6 +8,7 @@ import torch
 from specdec.penalties import TokenHistory
 from specdec.proposers.base import Proposal
 from specdec.sampling import SamplingParams
+from specdec.seeded import PositionNoise
 
 
 class PromptLookupProposer:
@@ -27,7 +28,8 @@ class PromptLookupProposer:
         pass
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None, history: TokenHistory | None = None) -> Proposal:
+                generator: torch.Generator | None, history: TokenHistory | None = None,
+                noise: PositionNoise | None = None) -> Proposal:
         """history is not needed: the proposal is a point mass, only the target's rows are penalised."""
         ctx = np.asarray(context, dtype=np.int64)
         for n in range(self.max_ngram, self.min_ngram - 1, -1):

@@ -14,7 +14,15 @@ import json
 from dataclasses import dataclass, field
 
 from specdec.chat_template import ChatTemplate, ChatTemplateError
-from specdec.sampling import LOGIT_BIAS_BOUNDS, OPTIONAL_BOUNDS, SAMPLING_BOUNDS, Bounds, is_integer, is_number
+from specdec.sampling import (
+    LOGIT_BIAS_BOUNDS,
+    OPTIONAL_BOUNDS,
+    SAMPLING_BOUNDS,
+    SEED_MODES,
+    Bounds,
+    is_integer,
+    is_number,
+)
 from specdec.server.chat import parse_messages
 from specdec.server.errors import bad_request
 from specdec.server.fields import check_model, check_text, describe, get_bool, get_number, get_str, short
@@ -218,6 +226,12 @@ class RequestParser:
         if logprobs is not None:
             sampling["logprobs"] = logprobs
         seed = get_number(body, SEED_FIELD.key, SEED_FIELD.bounds, SEED_FIELD.default)
+        seed_mode = get_str(body, "seed_mode")  # an extension: see SamplingParams.seed_mode
+        if seed_mode is not None:
+            if seed_mode not in SEED_MODES:
+                raise bad_request(f"seed_mode must be one of {', '.join(SEED_MODES)}, got {short(seed_mode)!r}",
+                                  "seed_mode")
+            sampling["seed_mode"] = seed_mode
         user = get_str(body, "user")
         return GenerationRequest(kind, [], n, stream, include_usage, sampling, seed, user, logprobs)
 
