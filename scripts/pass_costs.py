@@ -1,7 +1,9 @@
-"""ms per target pass over T tokens (cache prefilled with 200 tokens), with the projections
-unfused and fused: the cost curve speculation lives on.
+"""ms per target pass over T tokens (cache prefilled with 200 tokens), for several runtime
+variants: projections unfused, fused (the default), and fused + weight-only int8 / int4. The
+1..32 columns are the cost curve speculation lives on; T=256 is a prefill chunk.
 
-    python scripts/pass_costs.py smollm2 bfloat16 [threads]
+    python scripts/pass_costs.py smollm2 bfloat16 [threads] [variants]
+    python scripts/pass_costs.py smollm2 bfloat16 2 unfused,fused,int8,int4
 """
 import sys
 import time
@@ -9,9 +11,10 @@ import time
 import torch
 
 from specdec.models.checkpoint import load_native, open_model
+from specdec.models.quant import quantize_model
 from specdec.models.runner import NativeRunner
 
-WIDTHS = (1, 4, 16, 32)
+WIDTHS = (1, 2, 4, 8, 16, 32, 256)
 
 
 def median_ms(runner: NativeRunner, width: int, repeats: int) -> float:
@@ -27,16 +30,24 @@ def median_ms(runner: NativeRunner, width: int, repeats: int) -> float:
     return sorted(times)[len(times) // 2] * 1e3
 
 
+def make_runner(source, dtype: str, variant: str) -> NativeRunner:
+    runner = NativeRunner(load_native(source, dtype), 1024, fuse=variant != "unfused")
+    if variant in ("int8", "int4"):
+        quantize_model(runner.model, variant)
+    return runner
+
+
 def main() -> None:
     target, dtype = sys.argv[1], sys.argv[2]
     torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 2)
+    variants = sys.argv[4].split(",") if len(sys.argv) > 4 else ["unfused", "fused", "int8", "int4"]
     source = open_model(target)
-    for fuse in (False, True):
-        runner = NativeRunner(load_native(source, dtype), 1024, fuse=fuse)
+    for variant in variants:
+        runner = make_runner(source, dtype, variant)
         for width in WIDTHS:
-            median_ms(runner, width, 3)  # warm-up
-        costs = " ".join(f"T={w}: {median_ms(runner, w, 15):.2f} ms" for w in WIDTHS)
-        print(f"fuse={fuse} {costs}", flush=True)
+            median_ms(runner, width, 2)  # warm-up
+        costs = " ".join(f"T={w}: {median_ms(runner, w, 5 if w > 32 else 15):.2f}" for w in WIDTHS)
+        print(f"{variant:8s} ms per pass  {costs}", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from specdec.engine import Engine, GenerationResult, StreamChunk
 from specdec.errors import SpecdecError
 from specdec.models.checkpoint import load_native, open_model, parse_dtype
 from specdec.models.config import SUPPORTED_MODEL_TYPES
+from specdec.models.quant import QUANT_MODES, quantize_model
 from specdec.models.runner import NativeRunner
 from specdec.proposers import DraftModelProposer, PromptLookupProposer
 from specdec.sampling import SamplingParams
@@ -20,11 +21,17 @@ METHODS = ("none", "draft", "ngram", "medusa", "eagle")
 MAX_DRAFT_TOKENS_LIMIT = 64
 
 
-def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: int | None = None):
-    """A runner for a model folder, a .gguf file (or a folder holding one) or a short name."""
+def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: int | None = None,
+                quantize: str | None = None, group_size: int = 64):
+    """A runner for a model folder, a .gguf file (or a folder holding one) or a short name;
+    quantize: "int8" or "int4" weight-only quantization (native runtime, models/quant.py)."""
+    if quantize is not None and quantize not in QUANT_MODES:
+        raise SpecdecError(f"unknown quantization {quantize!r}; choose from {', '.join(QUANT_MODES)}")
     if backend not in ("auto", "native", "transformers"):
         raise SpecdecError(f"unknown backend {backend!r}; choose auto, native or transformers")
     source = open_model(folder)
+    if quantize is not None and backend == "transformers":
+        raise SpecdecError("quantization needs the native runtime (--backend auto or native)")
     if source.is_gguf and backend == "transformers":
         from specdec.models.gguf import load_transformers_gguf
         from specdec.models.hf_backend import TransformersRunner
@@ -32,7 +39,13 @@ def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: 
         return TransformersRunner(load_transformers_gguf(source.path, parse_dtype(dtype)), max_len)
     native = backend == "native" or (backend == "auto" and source.config().get("model_type") in SUPPORTED_MODEL_TYPES)
     if source.is_gguf or native:
-        return NativeRunner(load_native(source, dtype), max_len)
+        runner = NativeRunner(load_native(source, dtype), max_len)
+        if quantize is not None:
+            quantize_model(runner.model, quantize, group_size)
+        return runner
+    if quantize is not None:
+        raise SpecdecError(f"quantization needs the native runtime; {str(folder)!r} is a "
+                           f"{source.config().get('model_type')!r} model, run by transformers")
     from specdec.models.hf_backend import TransformersRunner, load_transformers
 
     return TransformersRunner(load_transformers(source.path, dtype), max_len)
@@ -139,7 +152,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
          dtype: str = "float32", backend: str = "auto", draft_tokens: int | None = None,
          max_draft_tokens: int = 8, max_len: int | None = None,
          tree_nodes: int | None = None, typical_acceptance: bool = False, calibrate: bool = True,
-         exact: bool | None = None) -> SpecDecoder:
+         exact: bool | None = None, quantize: str | None = None, group_size: int = 64) -> SpecDecoder:
     """Load a target (None = the bundled model) and, for method='draft', a draft model
     (None = the bundled draft when the target is bundled); for 'medusa'/'eagle', `draft` is
     the head folder. draft_tokens fixes K (chain) or the tree size; by default they adapt per
@@ -150,7 +163,10 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     steered by guessed costs. exact=True makes every target pass batch-invariant (native
     runtime): each row's logits are bit for bit those of a 1-token pass, so greedy output is
     identical to plain decoding in every dtype; exact=False uses the fastest kernels (greedy
-    output may then diverge where logits nearly tie); None: on for bfloat16/float16."""
+    output may then diverge where logits nearly tie); None: on for bfloat16/float16. quantize:
+    "int8" or "int4" (group_size inputs per scale; bfloat16 only) weight-only quantization of
+    the target's and the draft model's projections; lossless with respect to the quantized
+    target."""
     if method not in METHODS:
         raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     parse_dtype(dtype)
@@ -158,7 +174,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     _check_draft_tokens("max_draft_tokens", max_draft_tokens)
     _check_draft_tokens("tree_nodes", tree_nodes)
     target_path = Path(target) if target is not None else DEFAULT_TARGET
-    target_runner = load_runner(target_path, dtype, backend, max_len)
+    target_runner = load_runner(target_path, dtype, backend, max_len, quantize, group_size)
     tokenizer = TextTokenizer(target_path)
     draft_path = None
     proposer = None
@@ -167,7 +183,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
             raise SpecdecError("method 'draft' needs a draft model (--draft DIR): no draft is "
                                "bundled for a custom target")
         draft_path = Path(draft) if draft is not None else DEFAULT_DRAFT
-        draft_runner = load_runner(draft_path, dtype, backend, target_runner.max_len)
+        draft_runner = load_runner(draft_path, dtype, backend, target_runner.max_len, quantize, group_size)
         if draft_runner.vocab_size != target_runner.vocab_size:
             raise SpecdecError(f"draft vocabulary size {draft_runner.vocab_size} differs from the "
                                f"target's {target_runner.vocab_size}; the draft must share the "

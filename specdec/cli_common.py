@@ -7,6 +7,7 @@ import argparse
 from specdec.api import METHODS, SpecDecoder, load
 from specdec.engine import GenerationStats
 from specdec.errors import SpecdecError
+from specdec.models.quant import QUANT_MODES
 from specdec.sampling import SEED_MODES
 
 
@@ -36,6 +37,15 @@ def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHOD
                    help="batch-invariant passes: greedy speculative output identical to plain decoding bit for "
                         "bit (default: on for bfloat16/float16, off for float32/float64, where it costs more "
                         "and rounding rarely flips a token); --no-exact: the fastest kernels")
+    add_quantize_args(p)
+
+
+def add_quantize_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quantize", choices=QUANT_MODES, default=None,
+                   help="weight-only quantization of the target's (and draft model's) projections: int8 (per "
+                        "channel) or int4 (per group, bfloat16 only); speculation is lossless w.r.t. the "
+                        "quantized model")
+    p.add_argument("--group-size", type=int, default=64, help="int4: inputs per scale (32, 64, 128 or 256)")
 
 
 def add_distribution_args(p: argparse.ArgumentParser, temperature: float = 0.0) -> None:
@@ -93,7 +103,8 @@ def load_decoder(args: argparse.Namespace, **overrides) -> SpecDecoder:
     """specdec.load() with the options of add_model_args; `overrides` replace any of them."""
     options = dict(target=args.target, draft=args.draft, method=args.method, dtype=args.dtype,
                    backend=args.backend, draft_tokens=args.draft_tokens, max_draft_tokens=args.max_draft_tokens,
-                   tree_nodes=args.tree_nodes, typical_acceptance=args.typical_acceptance, exact=args.exact)
+                   tree_nodes=args.tree_nodes, typical_acceptance=args.typical_acceptance, exact=args.exact,
+                   quantize=args.quantize, group_size=args.group_size)
     options.update(overrides)
     return load(**options)
 

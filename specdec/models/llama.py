@@ -11,7 +11,8 @@ from torch import nn
 
 from specdec.cache import KVCache
 from specdec.models.config import ModelConfig
-from specdec.models.exact import attend_alone, exact_linear, exact_row_keys
+from specdec.models.exact import attend_alone, attend_row, exact_linear, exact_row_keys
+from specdec.models.quant import QuantizedLinear
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -113,7 +114,10 @@ class FusedLinear:
         return y.split(self.sizes, dim=-1)
 
 
-def project(linear: nn.Linear, x: torch.Tensor, exact: bool) -> torch.Tensor:
+def project(linear: nn.Module, x: torch.Tensor, exact: bool) -> torch.Tensor:
+    """A projection; exact: under a row-invariant plan (quantized kernels are row-invariant as they are)."""
+    if isinstance(linear, QuantizedLinear):
+        return linear(x, exact)
     return exact_linear(x, linear.weight, linear.bias) if exact else linear(x)
 
 
@@ -148,6 +152,8 @@ class Attention(nn.Module):
         if row_keys is not None:
             y = torch.cat([attend_alone(q[:, :, i:i + 1], k, v, keys, self.nkv != self.nh)
                            for i, keys in enumerate(row_keys)], dim=2)
+        elif T == 1 and mask is None:  # a decode step: SDPA's kernel is slow for one query
+            y = attend_row(q, k, v)
         else:
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=mask is None and cache is None and T > 1,
@@ -232,11 +238,11 @@ class LlamaModel(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self.model.embed_tokens.weight.dtype  # the embedding is never quantized
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.model.embed_tokens.weight.device
 
     def new_cache(self, max_len: int | None = None, batch_size: int = 1) -> KVCache:
         c = self.config

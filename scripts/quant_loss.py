@@ -1,0 +1,58 @@
+"""Held-out loss of the target in bfloat16 and quantized (int8, int4 at several group sizes):
+the quality each --quantize setting costs. Text: the held-out CPython stdlib files (never
+trained on by the bundled models, and the same files the bench prompts come from), cut into
+windows; loss in nats per token, plus how often the quantized model's argmax equals bf16's.
+
+    python scripts/quant_loss.py smollm2 24 512
+"""
+import math
+import sys
+
+import torch
+
+from specdec.api import load_runner
+from specdec.text import TextTokenizer
+from specdec.train.corpus import split_files, stdlib_root
+
+
+def windows(target: str, count: int, length: int) -> torch.Tensor:
+    _, held = split_files(stdlib_root())
+    tokenizer = TextTokenizer(target)
+    ids: list[int] = []
+    for path in held:
+        ids += tokenizer.encode(path.read_text(errors="replace"))
+        if len(ids) >= count * length * 4:
+            break
+    stride = len(ids) // count  # windows spread over the text, not its first file only
+    return torch.tensor([ids[i * stride:i * stride + length] for i in range(count)])
+
+
+@torch.inference_mode()
+def evaluate(model, batch: torch.Tensor) -> tuple[float, torch.Tensor]:
+    losses, argmaxes = [], []
+    for row in batch:
+        logits = model(row[None, :-1])[0].float()
+        losses.append(torch.nn.functional.cross_entropy(logits, row[1:], reduction="sum").item())
+        argmaxes.append(logits.argmax(-1))
+    return sum(losses) / (batch.shape[0] * (batch.shape[1] - 1)), torch.stack(argmaxes)
+
+
+def main() -> None:
+    target = sys.argv[1] if len(sys.argv) > 1 else "smollm2"
+    count = int(sys.argv[2]) if len(sys.argv) > 2 else 24
+    length = int(sys.argv[3]) if len(sys.argv) > 3 else 512
+    batch = windows(target, count, length)
+    settings = [(None, 0), ("int8", 0), ("int4", 32), ("int4", 64), ("int4", 128), ("int4", 256)]
+    reference = None
+    for mode, group in settings:
+        model = load_runner(target, "bfloat16", quantize=mode, group_size=group or 64).model
+        loss, argmax = evaluate(model, batch)
+        reference = argmax if reference is None else reference
+        agree = (argmax == reference).float().mean().item()
+        name = "bfloat16" if mode is None else mode if mode == "int8" else f"int4 group {group}"
+        print(f"{name:16s} held-out loss {loss:.4f} nats/token (ppl {math.exp(loss):.3f}), "
+              f"argmax = bf16's {agree:.3f}, {batch.numel()} tokens", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Weight-only int8 / int4 quantization of a loaded model's projections, on PyTorch's own CPU
+kernels (gpt-fast's approach): decoding reads every weight once per pass, so halving (int8)
+or quartering (int4) the bytes read is what makes a memory-bound pass faster.
+
+- int8: symmetric, one scale per output channel (torch._weight_int8pack_mm).
+- int4: asymmetric, one scale and zero per group of `group_size` inputs
+  (torch._weight_int4pack_mm_for_cpu, gpt-fast's layout: w = (q - 8) * scale + zero).
+
+Both kernels compute each row on its own: a row's output is bit-identical whatever the number
+of rows in the pass (checked by tests/test_quant.py), so exact mode costs nothing extra here.
+They are slow for wide passes (a prefill): int8 then multiplies by the weight dequantized on
+the fly; int4 keeps its kernel (a prefill pays ~3x per row, measured in bench/README.md).
+
+Speculation stays lossless with respect to the quantized target: target and verifier see the
+same quantized model. Embeddings stay in the model dtype (a lookup reads one row)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.errors import SpecdecError
+
+QUANT_MODES = ("int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+KERNEL_MAX_ROWS = 16  # int8: wider non-exact passes multiply by the dequantized weight instead
+
+
+class QuantizedLinear(nn.Module):
+    """y = x @ W.T (+ bias) with W stored quantized. sizes: split the output as a fused
+    projection does (FusedLinear); None returns one tensor, as nn.Linear."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, mode: str, group_size: int = 64,
+                 sizes: list[int] | None = None):
+        super().__init__()
+        out_features, in_features = weight.shape
+        self.mode, self.group_size, self.sizes = mode, group_size, sizes
+        self.in_features, self.out_features = in_features, out_features
+        self.dtype = weight.dtype
+        w = weight.detach().float()
+        if mode == "int8":
+            scale = (w.abs().amax(1) / 127).clamp_min(1e-12)
+            self.register_buffer("qweight", (w / scale[:, None]).round().clamp(-128, 127).to(torch.int8))
+            self.register_buffer("scales", scale.to(weight.dtype))
+        elif mode == "int4":
+            padded = -out_features % 16  # the kernel packs 16 output rows together: pad with zero rows
+            w = torch.cat([w, w.new_zeros(padded, in_features)]) if padded else w
+            groups = w.reshape(w.shape[0], in_features // group_size, group_size)
+            low, high = groups.amin(-1), groups.amax(-1)
+            scale = ((high - low) / 15).clamp_min(1e-12)
+            q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32)
+            self.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu(
+                q.reshape(w.shape[0], in_features), 1))
+            zero = low + 8 * scale  # (q - 8) * scale + zero = q * scale + low
+            self.register_buffer("scales", torch.stack([scale.t(), zero.t()], -1).to(weight.dtype).contiguous())
+        else:
+            raise SpecdecError(f"unknown quantization {mode!r}; choose from {', '.join(QUANT_MODES)}")
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight the kernels multiply by, [out, in] in the model dtype (int8 only)."""
+        return self.qweight.to(self.dtype) * self.scales[:, None]
+
+    def forward(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        rows = x.reshape(-1, self.in_features).to(self.dtype)
+        if self.mode == "int4":
+            y = torch._weight_int4pack_mm_for_cpu(rows, self.qweight, self.group_size, self.scales)
+            y = y[:, :self.out_features] if y.shape[1] != self.out_features else y
+        elif exact or rows.shape[0] <= KERNEL_MAX_ROWS:
+            y = torch._weight_int8pack_mm(rows, self.qweight, self.scales)
+        else:
+            y = F.linear(rows, self.dequantized())
+        if self.bias is not None:
+            y = y + self.bias
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.sizes is None else y.split(self.sizes, dim=-1)
+
+
+def group_for(in_features: int, group_size: int) -> int:
+    """group_size, or the largest smaller supported size that divides in_features (e.g. a
+    864-wide down projection gets groups of 32 when 64 was asked for)."""
+    fits = [g for g in INT4_GROUP_SIZES if g <= group_size and in_features % g == 0]
+    return max(fits) if fits else group_size
+
+
+def check_quantizable(weight: torch.Tensor, mode: str, group_size: int) -> str | None:
+    """Why this weight cannot be quantized with these kernels, or None."""
+    if weight.device.type != "cpu":
+        return "the quantized kernels used here are CPU kernels"
+    if weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"weights in {weight.dtype}"
+    if mode == "int4":
+        if weight.dtype != torch.bfloat16:
+            return "int4 needs bfloat16 weights (--dtype bfloat16)"
+        if group_size not in INT4_GROUP_SIZES:
+            return f"group size {group_size} (choose from {', '.join(map(str, INT4_GROUP_SIZES))})"
+        group_size = group_for(weight.shape[1], group_size)
+        if weight.shape[1] % group_size:
+            return (f"a weight with {weight.shape[1]} inputs (int4 needs a multiple of {min(INT4_GROUP_SIZES)}; "
+                    "use int8)")
+    return None
+
+
+def quantize_model(model: nn.Module, mode: str, group_size: int = 64) -> nn.Module:
+    """Replace every projection of a fused LlamaModel (q/k/v, o, gate/up, down, lm_head) by a
+    QuantizedLinear, in place; the float weights they replace are dropped. The model is
+    then for inference only (its state_dict no longer has the checkpoint's names)."""
+    if mode not in QUANT_MODES:
+        raise SpecdecError(f"unknown quantization {mode!r}; choose from {', '.join(QUANT_MODES)}")
+    layers = [(layer.self_attn, layer.mlp) for layer in model.model.layers]
+    if any(attn.qkv is None or mlp.gate_up is None for attn, mlp in layers):
+        raise ValueError("quantize_model needs a fused model (LlamaModel.fuse_projections)")
+    weights = [w for attn, mlp in layers for w in (attn.qkv.weight, attn.o_proj.weight, mlp.gate_up.weight,
+                                                   mlp.down_proj.weight)] + [model.lm_head.weight]
+    for w in weights:  # all or nothing: check before replacing anything
+        problem = check_quantizable(w, mode, group_size)
+        if problem:
+            raise SpecdecError(f"cannot quantize to {mode}: {problem}")
+
+    def quantized(weight: torch.Tensor, bias: torch.Tensor | None = None, sizes=None) -> QuantizedLinear:
+        return QuantizedLinear(weight, bias, mode, group_for(weight.shape[1], group_size), sizes)
+
+    for attn, mlp in layers:
+        attn.qkv = quantized(attn.qkv.weight, attn.qkv.bias, attn.qkv.sizes)
+        mlp.gate_up = quantized(mlp.gate_up.weight, None, mlp.gate_up.sizes)
+        attn.o_proj = quantized(attn.o_proj.weight)
+        mlp.down_proj = quantized(mlp.down_proj.weight)
+        del attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj
+    model.lm_head = quantized(model.lm_head.weight)
+    return model
