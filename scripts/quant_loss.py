@@ -42,10 +42,11 @@ def main() -> None:
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 24
     length = int(sys.argv[3]) if len(sys.argv) > 3 else 512
     batch = windows(target, count, length)
-    settings = [(None, 0), ("int8", 0), ("int4", 32), ("int4", 64), ("int4", 128), ("int4", 256)]
+    # a group size that does not divide a weight's inputs falls back to one that does (quant.group_for)
+    settings = [(None, 0), ("int8", 0), ("int4", 32), ("int4", 64), ("int4", 128)]
     reference = None
     for mode, group in settings:
-        model = load_runner(target, "bfloat16", quantize=mode, group_size=group or 64).model
+        model = load_runner(target, "bfloat16", quantize=mode, group_size=group or 32).model
         loss, argmax = evaluate(model, batch)
         reference = argmax if reference is None else reference
         agree = (argmax == reference).float().mean().item()

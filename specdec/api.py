@@ -11,7 +11,7 @@ from specdec.engine import Engine, GenerationResult, StreamChunk
 from specdec.errors import SpecdecError
 from specdec.models.checkpoint import load_native, open_model, parse_dtype
 from specdec.models.config import SUPPORTED_MODEL_TYPES
-from specdec.models.quant import QUANT_MODES, quantize_model
+from specdec.models.quant import DEFAULT_GROUP_SIZE, QUANT_MODES, quantize_model
 from specdec.models.runner import NativeRunner
 from specdec.proposers import DraftModelProposer, PromptLookupProposer
 from specdec.sampling import SamplingParams
@@ -22,7 +22,7 @@ MAX_DRAFT_TOKENS_LIMIT = 64
 
 
 def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: int | None = None,
-                quantize: str | None = None, group_size: int = 64):
+                quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE):
     """A runner for a model folder, a .gguf file (or a folder holding one) or a short name;
     quantize: "int8" or "int4" weight-only quantization (native runtime, models/quant.py)."""
     if quantize is not None and quantize not in QUANT_MODES:
@@ -152,7 +152,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
          dtype: str = "float32", backend: str = "auto", draft_tokens: int | None = None,
          max_draft_tokens: int = 8, max_len: int | None = None,
          tree_nodes: int | None = None, typical_acceptance: bool = False, calibrate: bool = True,
-         exact: bool | None = None, quantize: str | None = None, group_size: int = 64) -> SpecDecoder:
+         exact: bool | None = None, quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE) -> SpecDecoder:
     """Load a target (None = the bundled model) and, for method='draft', a draft model
     (None = the bundled draft when the target is bundled); for 'medusa'/'eagle', `draft` is
     the head folder. draft_tokens fixes K (chain) or the tree size; by default they adapt per

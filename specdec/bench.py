@@ -20,11 +20,12 @@ from specdec.api import SpecDecoder, load
 from specdec.bench_peers import HF_METHODS, LLAMA_CPP_METHODS, LlamaCppPeer, TransformersPeer, llama_cpp_gguf
 from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model_name
 from specdec.chat_template import ChatTemplate
-from specdec.cli_common import add_checkpoint_args, add_threads_arg, apply_threads
+from specdec.cli_common import add_checkpoint_args, add_quantize_args, add_threads_arg, apply_threads
 from specdec.errors import SpecdecError
 from specdec.extras import require
 from specdec.llama_cpp import ENV_VAR, LlamaServer, find_llama_server, server_version
 from specdec.models.checkpoint import read_hf_config
+from specdec.models.quant import DEFAULT_GROUP_SIZE
 from specdec.prompts import RAW_TASKS, TASKS, build_suite, render_chat
 from specdec.stats import GenerationStats
 from specdec.text import TextTokenizer
@@ -106,7 +107,9 @@ def make_runner(m: str, setup: dict, stack: ExitStack, tokenizer: TextTokenizer)
     if base in SPECDEC_METHODS:
         drafter = draft if base == "draft" else setup["heads"].get(base)  # medusa/eagle head folders
         return SpecdecRunner(load(target=target, draft=drafter, method=base, dtype=dtype,
-                                  draft_tokens=int(fixed) if fixed else setup["draft_tokens"]),
+                                  draft_tokens=int(fixed) if fixed else setup["draft_tokens"],
+                                  quantize=setup.get("quantize"),
+                                  group_size=setup.get("group_size", DEFAULT_GROUP_SIZE)),
                              seed_mode="invariant" if mode else "rejection")
     if base in HF_METHODS and not fixed:
         draft_dir = draft or (DEFAULT_DRAFT if target is None else None)
@@ -131,13 +134,14 @@ def make_runner(m: str, setup: dict, stack: ExitStack, tokenizer: TextTokenizer)
 def run_bench(methods: list[str], temperatures: list[float], tasks: list[str], target: str | None,
               draft: str | None, max_new_tokens: int, per_task: int, draft_tokens: int | None,
               dtype: str = "float32", heads: dict | None = None, repeats: int = 1, log=None,
-              llama_server: Path | None = None, llama_gguf: Path | None = None) -> list[Row]:
+              llama_server: Path | None = None, llama_gguf: Path | None = None, quantize: str | None = None,
+              group_size: int = DEFAULT_GROUP_SIZE) -> list[Row]:
     """Every method on every prompt of `tasks` at each temperature; llama.cpp runs `llama_gguf`
     (default: the target rewritten as GGUF in `dtype`). Progress goes to `log` (default stderr,
     so that stdout holds the table alone)."""
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     setup = dict(target=target, draft=draft, dtype=dtype, heads=heads or {}, draft_tokens=draft_tokens,
-                 llama_server=llama_server, llama_gguf=llama_gguf)
+                 llama_server=llama_server, llama_gguf=llama_gguf, quantize=quantize, group_size=group_size)
     tokenizer = TextTokenizer(target or DEFAULT_TARGET)
     template = ChatTemplate.from_tokenizer_config(tokenizer.config)
     prompts = render_chat(build_suite(per_task, tasks), template)
@@ -264,7 +268,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     apply_threads(args)
     rows = run_bench(methods, temps, tasks, args.target, args.draft, args.max_new_tokens, args.prompts,
                      args.draft_tokens, args.dtype, {"medusa": args.medusa, "eagle": args.eagle},
-                     args.repeats, llama_server=llama_server, llama_gguf=llama_gguf)
+                     args.repeats, llama_server=llama_server, llama_gguf=llama_gguf, quantize=args.quantize,
+                     group_size=args.group_size)
     print_table(rows)
     if args.json:
         llama_cpp = None
@@ -273,6 +278,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          "gguf": str(llama_gguf) if llama_gguf else f"target written as GGUF in {args.dtype}"}
         Path(args.json).write_text(json.dumps({"target": args.target or DEFAULT_TARGET.name,
                                                "threads": torch.get_num_threads(), "dtype": args.dtype,
+                                               "quantize": args.quantize,
                                                "max_new_tokens": args.max_new_tokens,
                                                "prompts_per_task": args.prompts, "repeats": args.repeats,
                                                "llama_cpp": llama_cpp, "rows": [asdict(r) for r in rows]},
@@ -299,6 +305,7 @@ def add_parser(sub) -> None:
                                                       f"(default: ${ENV_VAR}, else llama-server on PATH)")
     b.add_argument("--llama-cpp-gguf", metavar="FILE", help="GGUF for the llama.cpp methods (default: the "
                                                             "target written as GGUF in --dtype: the same weights)")
+    add_quantize_args(b)
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--prompts", type=int, default=3, help="prompts per task")
     b.add_argument("--repeats", type=int, default=1, help="passes over the prompts (methods take turns)")

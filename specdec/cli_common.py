@@ -7,7 +7,7 @@ import argparse
 from specdec.api import METHODS, SpecDecoder, load
 from specdec.engine import GenerationStats
 from specdec.errors import SpecdecError
-from specdec.models.quant import QUANT_MODES
+from specdec.models.quant import DEFAULT_GROUP_SIZE, QUANT_MODES
 from specdec.sampling import SEED_MODES
 
 
@@ -45,7 +45,8 @@ def add_quantize_args(p: argparse.ArgumentParser) -> None:
                    help="weight-only quantization of the target's (and draft model's) projections: int8 (per "
                         "channel) or int4 (per group, bfloat16 only); speculation is lossless w.r.t. the "
                         "quantized model")
-    p.add_argument("--group-size", type=int, default=64, help="int4: inputs per scale (32, 64, 128 or 256)")
+    p.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE,
+                   help=f"int4: inputs per scale (32, 64, 128 or 256; default {DEFAULT_GROUP_SIZE})")
 
 
 def add_distribution_args(p: argparse.ArgumentParser, temperature: float = 0.0) -> None:

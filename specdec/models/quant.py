@@ -23,6 +23,9 @@ from specdec.errors import SpecdecError
 
 QUANT_MODES = ("int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
+# measured on SmolLM2 (scripts/quant_loss.py): groups of 32 lose 0.036 nats/token of held-out
+# loss, groups of 64 lose 0.28 (its weights are Q4_1, groups of 32 already)
+DEFAULT_GROUP_SIZE = 32
 KERNEL_MAX_ROWS = 16  # int8: wider non-exact passes multiply by the dequantized weight instead
 
 
@@ -30,7 +33,7 @@ class QuantizedLinear(nn.Module):
     """y = x @ W.T (+ bias) with W stored quantized. sizes: split the output as a fused
     projection does (FusedLinear); None returns one tensor, as nn.Linear."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, mode: str, group_size: int = 64,
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, mode: str, group_size: int = DEFAULT_GROUP_SIZE,
                  sizes: list[int] | None = None):
         super().__init__()
         out_features, in_features = weight.shape
@@ -101,7 +104,7 @@ def check_quantizable(weight: torch.Tensor, mode: str, group_size: int) -> str |
     return None
 
 
-def quantize_model(model: nn.Module, mode: str, group_size: int = 64) -> nn.Module:
+def quantize_model(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SIZE) -> nn.Module:
     """Replace every projection of a fused LlamaModel (q/k/v, o, gate/up, down, lm_head) by a
     QuantizedLinear, in place; the float weights they replace are dropped. The model is
     then for inference only (its state_dict no longer has the checkpoint's names)."""
