@@ -1,0 +1,256 @@
+"""Continuous batching: many generations share each target pass.
+
+Decoding is bound by reading the weights, so one pass over the rows of B sequences costs far
+less than B passes. The BatchEngine holds up to max_batch Sequences, each in its own slot of
+one batched KV cache; sequences join (`add`) and leave (finished, or `cancel`) between steps.
+A step:
+1. prefills waiting prompts, in chunks of at most `prefill_chunk` tokens per step, so a long
+   prompt does not stall the sequences already decoding (a prompt that fits in one chunk is
+   prefilled in one pass, exactly as Engine.start does);
+2. lets every decoding sequence's controller pick its K and its proposer draft;
+3. scores every sequence's [last token] + drafts in ONE target pass (rows padded to the
+   widest sequence, a mask keeping each row to its own slot: models/batch.py);
+4. verifies each sequence with its own sampling settings, exactly as Engine._verify_chain
+   does (engine.chain_verdict), rolls its slot back past its rejected drafts, and applies its
+   stop rules (EOS, stop strings, max tokens, context).
+
+K: each sequence has its own DraftLengthController (measured costs are those of the batched
+pass it waits for), and since rows are padded, every K is capped at max_rows // n - 1 for n
+sequences in the pass, so the pass never exceeds max_rows rows: as the batch grows,
+speculation shrinks, down to plain steps at n > max_rows / 2.
+
+Chain drafters without a model of their own (`none`, `ngram`) are batched; the draft-model
+and tree methods are not yet."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from specdec.engine import Engine, chain_verdict
+from specdec.errors import SpecdecError
+from specdec.logprobs import token_logprobs
+from specdec.models.batch import BatchRunner
+from specdec.proposers.base import Proposal, Proposer
+from specdec.proposers.prompt_lookup import PromptLookupProposer
+from specdec.sampling import SamplingParams
+from specdec.sequence import GenerationResult, Sequence
+from specdec.stats import StepRecord
+
+BATCHED_METHODS = ("none", "ngram")
+
+
+@dataclass
+class BatchEntry:
+    """A sequence in a slot of the batch."""
+    seq: Sequence
+    method: str
+    proposer: Proposer | None
+    prefilled: int = 0  # tokens of prompt_ids[:-1] already in the slot's cache
+
+    @property
+    def ready(self) -> bool:
+        """Prefilled: the slot holds the whole context but its last token."""
+        return self.prefilled >= len(self.seq.prompt_ids) - 1
+
+
+@dataclass
+class BatchEvent:
+    """What one engine step did for one sequence: step is None when the sequence only
+    prefilled (part of) its prompt."""
+    seq: Sequence
+    step: StepRecord | None
+
+
+class BatchEngine:
+    def __init__(self, engine: Engine, max_batch: int = 8, prefill_chunk: int = 512, max_rows: int = 64):
+        model = getattr(engine.target, "model", None)
+        if not getattr(engine.target, "supports_tree", False) or model is None:
+            raise SpecdecError("batched decoding needs the native runtime (llama, mistral, qwen2)")
+        if max_batch < 1 or prefill_chunk < 1 or max_rows < max_batch:
+            raise SpecdecError("need max_batch >= 1, prefill_chunk >= 1 and max_rows >= max_batch")
+        self.engine = engine
+        self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
+        self.max_rows = max_rows
+        self.runner = BatchRunner(model, max_batch, engine.target.max_len)
+        self.proposers: dict[str, Proposer | None] = {"none": None, "ngram": PromptLookupProposer()}
+        if engine.method == "ngram":
+            self.proposers["ngram"] = engine.proposer
+        self.entries: list[BatchEntry] = []  # entries[b] is in slot b
+
+    @property
+    def method(self) -> str:
+        return self.engine.method if self.engine.method in BATCHED_METHODS else "none"
+
+    @property
+    def free_slots(self) -> int:
+        return self.max_batch - len(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, prompt: str | list[int], params: SamplingParams, method: str | None = None) -> Sequence:
+        """A new sequence in the next free slot; its prompt is prefilled by the next steps."""
+        method = method or self.method
+        if method not in self.proposers:
+            raise SpecdecError(f"method {method!r} is not batched yet; batched methods: {', '.join(BATCHED_METHODS)}")
+        if not self.free_slots:
+            raise SpecdecError(f"the batch is full ({self.max_batch} sequences)")
+        proposer = self.proposers[method]
+        seq = self.engine.new_sequence(prompt, params, controller=self.engine.new_controller(), method=method)
+        if proposer is not None:
+            proposer.reset(seq.prompt_ids)
+        self.runner.rollback(len(self.entries), 0)
+        self.entries.append(BatchEntry(seq, method, proposer))
+        return seq
+
+    def cancel(self, seq: Sequence) -> None:
+        """Drop a sequence (finished or not) and free its slot."""
+        for slot, entry in enumerate(self.entries):
+            if entry.seq is seq:
+                self._release(slot)
+                return
+
+    def finish(self, seq: Sequence) -> tuple[GenerationResult, str]:
+        """The result of a finished sequence, and its text held back until now."""
+        return self.engine.finish(seq)
+
+    def _release(self, slot: int) -> None:
+        """Free a slot, keeping the running sequences in slots [0, n): the last one moves in."""
+        last = len(self.entries) - 1
+        if slot != last:
+            self.runner.move(last, slot)
+            self.entries[slot] = self.entries[last]
+        self.entries.pop()
+        self.runner.rollback(last, 0)
+
+    # ---------------------------------------------------------------- one step
+    def step(self) -> list[BatchEvent]:
+        """Prefill work, then one decode step for every prefilled sequence (one target pass):
+        one event per sequence that did something. Finished sequences leave the batch (their
+        events carry finish_reason; `finish` gives the result)."""
+        events = self._prefill()
+        ready = [slot for slot, entry in enumerate(self.entries) if entry.ready]
+        if ready:
+            decoded = self._decode(ready)
+            seqs = {id(event.seq) for event in decoded}
+            events = [event for event in events if id(event.seq) not in seqs] + decoded  # one event per sequence
+        for slot in reversed(range(len(self.entries))):
+            if self.entries[slot].seq.finish_reason is not None:
+                self._release(slot)
+        return events
+
+    def _prefill(self) -> list[BatchEvent]:
+        events, spent = [], 0
+        for slot, entry in enumerate(self.entries):
+            if spent >= self.prefill_chunk:
+                break
+            if entry.ready:
+                continue
+            seq, t0 = entry.seq, time.perf_counter()
+            ids = seq.prompt_ids[entry.prefilled:min(entry.prefilled + self.prefill_chunk, len(seq.prompt_ids) - 1)]
+            logits = self.runner.extend_slot(slot, ids)
+            if seq.params.prompt_logprobs is not None:
+                follow = seq.prompt_ids[entry.prefilled + 1:entry.prefilled + 1 + len(ids)]
+                seq.prompt_logprobs += token_logprobs(logits, follow, seq.params.prompt_logprobs)
+            entry.prefilled += len(ids)
+            spent += len(ids)
+            seq.stats.prefill_seconds += time.perf_counter() - t0
+            events.append(BatchEvent(seq, None))
+        return events
+
+    def _budgets(self, ready: list[int]) -> list[int]:
+        """Each sequence's K from its controller, capped so that the padded pass holds at
+        most max_rows rows."""
+        cap = self.max_rows // len(ready) - 1
+        budgets = []
+        for slot in ready:
+            entry = self.entries[slot]
+            seq = entry.seq
+            room = self.runner.max_len - len(seq.context)
+            if entry.proposer is None:
+                budgets.append(0)
+            else:
+                budgets.append(seq.controller.choose(min(seq.remaining - 1, room - 1, cap)))
+        return budgets
+
+    def _decode(self, ready: list[int]) -> list[BatchEvent]:
+        budgets = self._budgets(ready)
+        proposals, draft_seconds = [], []
+        for slot, budget in zip(ready, budgets):
+            entry, t0 = self.entries[slot], time.perf_counter()
+            seq = entry.seq
+            proposals.append(entry.proposer.propose(seq.context, budget, seq.params, seq.generator,
+                                                    history=seq.history, noise=seq.noise)
+                             if budget > 0 else Proposal([]))
+            draft_seconds.append(time.perf_counter() - t0)
+        rows: list[list[int]] = [[] for _ in range(ready[-1] + 1)]
+        exact = [False] * len(rows)
+        for slot, proposal in zip(ready, proposals):
+            seq = self.entries[slot].seq
+            rows[slot] = [seq.context[-1]] + proposal.tokens
+            exact[slot] = self.engine.exact and (seq.params.greedy or seq.noise is not None)
+        t0 = time.perf_counter()
+        logits = self.runner.extend(rows, exact)
+        target_seconds = time.perf_counter() - t0
+        events = []
+        for slot, budget, proposal, drafted_in in zip(ready, budgets, proposals, draft_seconds):
+            entry, t1 = self.entries[slot], time.perf_counter()
+            seq = entry.seq
+            verdict = chain_verdict(seq, proposal, logits[slot])
+            n = verdict.num_accepted
+            self.runner.rollback(slot, len(seq.context) + n)  # the context but its new last token
+            step = self._emit(seq, entry, budget, proposal, proposal.tokens[:n] + [verdict.next_token], n,
+                              logits[slot], drafted_in, target_seconds, t1)
+            events.append(BatchEvent(seq, step))
+        return events
+
+    def _emit(self, seq: Sequence, entry: BatchEntry, budget: int, proposal: Proposal, tokens: list[int],
+              accepted: int, logits, draft_seconds: float, target_seconds: float, t1: float) -> StepRecord:
+        """Append a step's verified tokens to the sequence and apply its stop rules (as
+        Engine.step does)."""
+        new, hit_eos = self.engine._cut(tokens, seq)
+        seq.context.extend(new)
+        seq.generated.extend(new)
+        if seq.history is not None:
+            seq.history.extend(new)
+        if seq.token_logprobs is not None:
+            seq.token_logprobs += token_logprobs(logits[:len(new)], new, seq.params.logprobs)
+        text = seq.text.push(new)
+        stopped = hit_eos or seq.text.stopped
+        step = StepRecord(budget=budget, drafted=len(proposal.tokens), accepted=accepted, new_tokens=tuple(new),
+                          text=text, draft_seconds=draft_seconds - proposal.sync_seconds,
+                          sync_seconds=proposal.sync_seconds, target_seconds=target_seconds,
+                          other_seconds=time.perf_counter() - t1, stopped=stopped)
+        if entry.proposer is not None:
+            seq.controller.observe(step)
+        seq.stats.add(step)
+        if stopped:
+            seq.finish_reason = "stop"
+        elif seq.remaining <= 0 or self.runner.max_len - len(seq.context) <= 0:
+            seq.finish_reason = "length"
+        return step
+
+    # ---------------------------------------------------------------- offline batches
+    def generate(self, requests: Iterable[tuple[str | list[int], SamplingParams, str | None]]
+                 ) -> list[GenerationResult]:
+        """Run (prompt, params, method) requests through the batch, admitting a waiting
+        request whenever a slot frees; results in request order."""
+        waiting = list(enumerate(requests))
+        for _, (prompt, _, method) in waiting:  # fail before any work
+            self.engine.encode_prompt(prompt)
+            if (method or self.method) not in self.proposers:
+                raise SpecdecError(f"method {method!r} is not batched yet; batched methods: "
+                                   f"{', '.join(BATCHED_METHODS)}")
+        waiting.reverse()
+        index: dict[int, int] = {}
+        results: list[GenerationResult | None] = [None] * len(waiting)
+        while waiting or self.entries:
+            while waiting and self.free_slots:
+                i, (prompt, params, method) = waiting.pop()
+                index[id(self.add(prompt, params, method))] = i
+            for event in self.step():
+                if event.seq.finish_reason is not None:
+                    results[index.pop(id(event.seq))] = self.finish(event.seq)[0]
+        return results

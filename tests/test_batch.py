@@ -1,0 +1,184 @@
+"""Continuous batching (specdec/batch_engine.py, models/batch.py): a sequence's output does not
+depend on what else is in the batch. Greedy and seeded outputs equal the same requests run
+alone through Engine (float64; bfloat16 in exact mode), also while sequences join and leave;
+sampled outputs keep the target's exact distribution with several temperatures in one batch
+(chi-square)."""
+import pytest
+import torch
+
+import specdec
+from specdec.batch_engine import BatchEngine
+from specdec.errors import SpecdecError
+from specdec.models.batch import BatchRunner
+from specdec.sampling import SamplingParams
+
+from distribution import N_QUICK, NEW, PROMPT, chi_square_p, exact_joint, tiny_model_dir
+from helpers import make_model_dir
+
+REPEAT = "def add(a, b):\n    return a + b\n"
+PROMPTS = [REPEAT * 3 + "def add", "class Point:\n", "for i in range(10):\n    print(i", "x",
+           REPEAT * 6, "héllo wörld", "class", "for i in range(10):\n    print(i * i)\n" * 2]
+MAX_TOKENS = [40, 7, 25, 33, 12, 40, 18, 29]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("batch"), layers=2, kv_heads=2)
+
+
+@pytest.fixture(scope="module")
+def decoders(model_dir):
+    """float64 decoders by method; K fixed so ngram drafts whenever it finds a match (drafts
+    of several lengths, padded, share each pass)."""
+    return {m: specdec.load(target=model_dir, dtype="float64", method=m, draft_tokens=4, calibrate=False)
+            for m in ("none", "ngram")}
+
+
+def requests_with_stops(decoder, **sampling) -> list[dict]:
+    """Mixed methods and max tokens; a third of the requests get a stop string taken from the
+    middle of their own single-run output, so the stop rule really fires mid-generation."""
+    out = []
+    for i, (prompt, max_tokens) in enumerate(zip(PROMPTS, MAX_TOKENS)):
+        s = dict(sampling, max_new_tokens=max_tokens, method=("none", "ngram")[i % 2])
+        text = ""
+        if i % 3 == 0:
+            text = decoder.generate(prompt, **sampling, max_new_tokens=max_tokens).text
+        if len(text) >= 4:
+            s["stop"] = [text[len(text) // 2:len(text) // 2 + 2]]
+        out.append(s)
+    return out
+
+
+def alone(decoders, prompt, sampling: dict):
+    s = dict(sampling)
+    return decoders[s.pop("method")].generate(prompt, **s)
+
+
+def test_batched_pass_equals_single_passes(model_dir):
+    """Rows of different widths (padding), per-slot positions and rollback: each slot's logits
+    are those of its own sequence run alone."""
+    decoder = specdec.load(target=model_dir, dtype="float64", calibrate=False)
+    single, model = decoder.engine.target, decoder.engine.target.model
+    batch = BatchRunner(model, 4, 64)
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [1]]
+    for slot, p in enumerate(prompts):
+        if len(p) > 1:
+            batch.extend_slot(slot, p[:-1])
+    rows = [[p[-1]] + [20, 21, 22][:slot] for slot, p in enumerate(prompts)]
+    got = batch.extend(rows)
+    batch.rollback(2, len(prompts[2]) + 1)  # slot 2 keeps its context and one of its two drafts
+    got_next = batch.extend([[30], [31], [32, 33], [34]])
+    for slot, p in enumerate(prompts):
+        single.reset()
+        want = single.extend(p[:-1] + rows[slot])[len(p) - 1:]
+        torch.testing.assert_close(got[slot], want, rtol=0, atol=1e-12)
+        rolled_back = 1 if slot == 2 else 0
+        assert batch.length(slot) == len(p) - 1 + len(rows[slot]) - rolled_back + len(got_next[slot])
+    single.reset()
+    want = single.extend(prompts[2][:-1] + rows[2][:2] + [32, 33])[-2:]
+    torch.testing.assert_close(got_next[2], want, rtol=0, atol=1e-12)
+
+
+def test_greedy_batch_equals_each_request_alone(decoders):
+    """8 requests with mixed prompt lengths, max tokens, stop strings and methods: the batch
+    (all at once; and 3 slots, requests joining as others finish; and prompts prefilled in
+    chunks of 8 tokens) gives every request exactly its single-sequence output."""
+    samplings = requests_with_stops(decoders["none"])
+    want = [alone(decoders, p, s) for p, s in zip(PROMPTS, samplings)]
+    assert any(w.finish_reason == "stop" for w in want) and any(w.finish_reason == "length" for w in want)
+    decoder = decoders["ngram"]
+    for max_batch in (8, 3):
+        got = decoder.generate_batch(PROMPTS, samplings, max_batch=max_batch)
+        for g, w, s in zip(got, want, samplings):
+            assert (g.token_ids, g.text, g.finish_reason) == (w.token_ids, w.text, w.finish_reason), s
+        assert sum(g.stats.drafted_tokens for g in got) > 0
+        assert all(g.stats.drafted_tokens == 0 for g, s in zip(got, samplings) if s["method"] == "none")
+    chunked = BatchEngine(decoder.engine, max_batch=4, prefill_chunk=8)
+    got = chunked.generate([(p, decoder.sampling_params(**{k: v for k, v in s.items() if k != "method"}),
+                             s["method"]) for p, s in zip(PROMPTS, samplings)])
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+
+
+def test_seeded_batch_equals_plain_seeded_sampling(decoders):
+    """seed + temperature 0.8 (seed_mode invariant): every request in the batch, whatever its
+    method, gives plain decoding's seeded tokens."""
+    samplings = [dict(method=("none", "ngram")[i % 2], max_new_tokens=m, seed=100 + i, temperature=0.8)
+                 for i, m in enumerate(MAX_TOKENS)]
+    got = decoders["ngram"].generate_batch(PROMPTS, samplings, max_batch=5)
+    for prompt, s, g in zip(PROMPTS, samplings, got):
+        s = {k: v for k, v in s.items() if k != "method"}
+        assert g.token_ids == decoders["none"].generate(prompt, **s).token_ids
+    assert sum(g.stats.drafted_tokens for g in got) > 0
+
+
+def test_exact_mode_bfloat16_batch_equals_alone(model_dir):
+    """bfloat16 in exact mode: each row of a batched pass gets a 1-token pass's bits, so greedy
+    batch output equals plain decoding alone (without exact mode it does not on this model)."""
+    batched = specdec.load(target=model_dir, dtype="bfloat16", method="ngram", draft_tokens=4, calibrate=False)
+    plain = specdec.load(target=model_dir, dtype="bfloat16", calibrate=False)
+    assert batched.exact and plain.exact
+    samplings = [dict(method=("none", "ngram")[i % 2], max_new_tokens=48) for i in range(len(PROMPTS))]
+    got = batched.generate_batch(PROMPTS, samplings, max_batch=8)
+    assert [g.token_ids for g in got] == [plain.generate(p, max_new_tokens=48).token_ids for p in PROMPTS]
+
+
+def test_sequences_join_and_leave_between_steps(decoders):
+    """Start 3, add 2 after a few steps, cancel one: the slot is freed (and reused), and the
+    other sequences' outputs are their single-run outputs."""
+    decoder = decoders["ngram"]
+    engine = BatchEngine(decoder.engine, max_batch=4)
+    params = [SamplingParams(max_new_tokens=30), SamplingParams(max_new_tokens=30, temperature=0.8, seed=3),
+              SamplingParams(max_new_tokens=30), SamplingParams(max_new_tokens=20),
+              SamplingParams(max_new_tokens=25, temperature=0.8, seed=9)]
+    seqs = [engine.add(PROMPTS[i], params[i]) for i in range(3)]
+    for _ in range(3):
+        engine.step()
+    assert all(len(s.generated) > 0 for s in seqs) and len(engine) == 3
+    seqs += [engine.add(PROMPTS[i], params[i]) for i in (3, 4)[:engine.free_slots]]
+    assert engine.free_slots == 0
+    with pytest.raises(SpecdecError):
+        engine.add("x", SamplingParams())
+    engine.cancel(seqs[1])
+    assert len(engine) == 3
+    seqs.append(engine.add(PROMPTS[4], params[4]))  # the freed slot is taken again
+    done = {}
+    while len(engine):
+        for event in engine.step():
+            if event.seq.finish_reason is not None:
+                done[id(event.seq)] = engine.finish(event.seq)[0]
+    assert id(seqs[1]) not in done and len(done) == 4
+    for seq, i in zip([seqs[0], seqs[2], seqs[3], seqs[4]], (0, 2, 3, 4)):
+        p = params[i]
+        want = decoders["none"].generate(PROMPTS[i], max_new_tokens=p.max_new_tokens, temperature=p.temperature,
+                                         seed=p.seed)
+        assert done[id(seq)].token_ids == want.token_ids
+
+
+def test_unbatched_method_is_refused(model_dir, decoders):
+    engine = BatchEngine(decoders["none"].engine, max_batch=2)
+    with pytest.raises(SpecdecError, match="not batched"):
+        engine.add("x", SamplingParams(), method="draft")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny"), seed=1, scale=0.5)
+
+
+@pytest.mark.parametrize("method", ["ngram", "none"])
+def test_batched_sampling_keeps_each_temperature_distribution(tiny_dir, method):
+    """Sequences at two temperatures (and top-p on one) share every batch (rejection sampling,
+    ngram drafting at K=2): the first NEW tokens of each follow the target's exact joint
+    distribution at its own settings."""
+    settings = [dict(temperature=0.6), dict(temperature=1.3, top_p=0.95)]
+    decoder = specdec.load(target=tiny_dir, method="ngram", draft_tokens=2, calibrate=False)
+    requests = [(PROMPT, SamplingParams(max_new_tokens=NEW, seed=seed, seed_mode="rejection", ignore_eos=True,
+                                        **settings[seed % 2]), method) for seed in range(2 * N_QUICK)]
+    results = BatchEngine(decoder.engine, max_batch=16).generate(requests)
+    for which, kw in enumerate(settings):
+        counts: dict = {}
+        for result in results[which::2]:
+            counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1
+        assert chi_square_p(counts, exact_joint(tiny_dir, SamplingParams(**kw))) > 1e-3
+    drafted = sum(r.stats.drafted_tokens for r in results)
+    assert drafted > 0 if method == "ngram" else drafted == 0
