@@ -19,8 +19,11 @@ pass it waits for), and since rows are padded, every K is capped at max_rows // 
 sequences in the pass, so the pass never exceeds max_rows rows: as the batch grows,
 speculation shrinks, down to plain steps at n > max_rows / 2.
 
-Chain drafters without a model of their own (`none`, `ngram`) are batched; the draft-model
-and tree methods are not yet."""
+Drafting: `ngram` per sequence (no model); `draft` (when the decoder's method is draft) as one
+batched draft-model pass per draft position (proposers/batch_draft.py), the draft model
+holding a cache slot per sequence, in the target's slot numbers. Tree methods (medusa,
+eagle) are not batched yet. A decoder's batch offers `none`, `ngram` and its own method when
+batched, per sequence."""
 from __future__ import annotations
 
 import time
@@ -32,12 +35,13 @@ from specdec.errors import SpecdecError
 from specdec.logprobs import token_logprobs
 from specdec.models.batch import BatchRunner
 from specdec.proposers.base import Proposal, Proposer
+from specdec.proposers.batch_draft import BatchDraftModel, DraftRequest
 from specdec.proposers.prompt_lookup import PromptLookupProposer
 from specdec.sampling import SamplingParams
 from specdec.sequence import GenerationResult, Sequence
 from specdec.stats import StepRecord
 
-BATCHED_METHODS = ("none", "ngram")
+BATCHED_METHODS = ("none", "ngram", "draft")
 
 
 @dataclass
@@ -45,7 +49,7 @@ class BatchEntry:
     """A sequence in a slot of the batch."""
     seq: Sequence
     method: str
-    proposer: Proposer | None
+    proposer: Proposer | None  # a per-sequence drafter (ngram); None for none and draft
     prefilled: int = 0  # tokens of prompt_ids[:-1] already in the slot's cache
 
     @property
@@ -77,6 +81,11 @@ class BatchEngine:
         self.proposers: dict[str, Proposer | None] = {"none": None, "ngram": PromptLookupProposer()}
         if engine.method == "ngram":
             self.proposers["ngram"] = engine.proposer
+        self.draft: BatchDraftModel | None = None  # the draft model's slots, for method draft
+        if engine.method == "draft":
+            self.draft = BatchDraftModel(engine.proposer.runner.model, max_batch,
+                                         min(engine.target.max_len, engine.proposer.runner.max_len))
+            self.proposers["draft"] = None
         self.entries: list[BatchEntry] = []  # entries[b] is in slot b
 
     @property
@@ -93,8 +102,7 @@ class BatchEngine:
     def add(self, prompt: str | list[int], params: SamplingParams, method: str | None = None) -> Sequence:
         """A new sequence in the next free slot; its prompt is prefilled by the next steps."""
         method = method or self.method
-        if method not in self.proposers:
-            raise SpecdecError(f"method {method!r} is not batched yet; batched methods: {', '.join(BATCHED_METHODS)}")
+        self._check_method(method)
         if not self.free_slots:
             raise SpecdecError(f"the batch is full ({self.max_batch} sequences)")
         proposer = self.proposers[method]
@@ -102,8 +110,15 @@ class BatchEngine:
         if proposer is not None:
             proposer.reset(seq.prompt_ids)
         self.runner.rollback(len(self.entries), 0)
+        if self.draft is not None:
+            self.draft.reset(len(self.entries))
         self.entries.append(BatchEntry(seq, method, proposer))
         return seq
+
+    def _check_method(self, method: str) -> None:
+        if method not in self.proposers:
+            raise SpecdecError(f"method {method!r} is not batched here; this batch offers "
+                               f"{', '.join(self.proposers)} (draft when the decoder's method is draft)")
 
     def cancel(self, seq: Sequence) -> None:
         """Drop a sequence (finished or not) and free its slot."""
@@ -121,9 +136,13 @@ class BatchEngine:
         last = len(self.entries) - 1
         if slot != last:
             self.runner.move(last, slot)
+            if self.draft is not None:
+                self.draft.move(last, slot)
             self.entries[slot] = self.entries[last]
         self.entries.pop()
         self.runner.rollback(last, 0)
+        if self.draft is not None:
+            self.draft.reset(last)
 
     # ---------------------------------------------------------------- one step
     def step(self) -> list[BatchEvent]:
@@ -151,6 +170,8 @@ class BatchEngine:
             seq, t0 = entry.seq, time.perf_counter()
             ids = seq.prompt_ids[entry.prefilled:min(entry.prefilled + self.prefill_chunk, len(seq.prompt_ids) - 1)]
             logits = self.runner.extend_slot(slot, ids)
+            if entry.method == "draft":
+                self.draft.prefill(slot, ids)
             if seq.params.prompt_logprobs is not None:
                 follow = seq.prompt_ids[entry.prefilled + 1:entry.prefilled + 1 + len(ids)]
                 seq.prompt_logprobs += token_logprobs(logits, follow, seq.params.prompt_logprobs)
@@ -169,7 +190,7 @@ class BatchEngine:
             entry = self.entries[slot]
             seq = entry.seq
             room = self.runner.max_len - len(seq.context)
-            if entry.proposer is None:
+            if entry.method == "none":
                 budgets.append(0)
             else:
                 budgets.append(seq.controller.choose(min(seq.remaining - 1, room - 1, cap)))
@@ -177,14 +198,7 @@ class BatchEngine:
 
     def _decode(self, ready: list[int]) -> list[BatchEvent]:
         budgets = self._budgets(ready)
-        proposals, draft_seconds = [], []
-        for slot, budget in zip(ready, budgets):
-            entry, t0 = self.entries[slot], time.perf_counter()
-            seq = entry.seq
-            proposals.append(entry.proposer.propose(seq.context, budget, seq.params, seq.generator,
-                                                    history=seq.history, noise=seq.noise)
-                             if budget > 0 else Proposal([]))
-            draft_seconds.append(time.perf_counter() - t0)
+        proposals, draft_seconds = self._propose(ready, budgets)
         rows: list[list[int]] = [[] for _ in range(ready[-1] + 1)]
         exact = [False] * len(rows)
         for slot, proposal in zip(ready, proposals):
@@ -206,6 +220,32 @@ class BatchEngine:
             events.append(BatchEvent(seq, step))
         return events
 
+    def _propose(self, ready: list[int], budgets: list[int]) -> tuple[list[Proposal], list[float]]:
+        """Each sequence's drafts (and the seconds it waited for them): per-sequence drafters
+        one by one, the draft model's sequences together in batched passes."""
+        proposals: dict[int, Proposal] = {}
+        seconds: dict[int, float] = {}
+        requests = []
+        for slot, budget in zip(ready, budgets):
+            entry, t0 = self.entries[slot], time.perf_counter()
+            seq = entry.seq
+            if budget > 0 and entry.method == "draft":
+                requests.append(DraftRequest(slot, seq.context, budget, seq.params, seq.generator,
+                                             seq.history, seq.noise))
+                continue
+            proposals[slot] = (entry.proposer.propose(seq.context, budget, seq.params, seq.generator,
+                                                      history=seq.history, noise=seq.noise)
+                               if budget > 0 else Proposal([]))
+            seconds[slot] = time.perf_counter() - t0
+        if requests:
+            t0 = time.perf_counter()
+            drafted = self.draft.propose(requests)
+            elapsed = time.perf_counter() - t0
+            for r in requests:
+                proposals[r.slot] = drafted.get(r.slot, Proposal([]))
+                seconds[r.slot] = elapsed
+        return [proposals[slot] for slot in ready], [seconds[slot] for slot in ready]
+
     def _emit(self, seq: Sequence, entry: BatchEntry, budget: int, proposal: Proposal, tokens: list[int],
               accepted: int, logits, draft_seconds: float, target_seconds: float, t1: float) -> StepRecord:
         """Append a step's verified tokens to the sequence and apply its stop rules (as
@@ -223,7 +263,7 @@ class BatchEngine:
                           text=text, draft_seconds=draft_seconds - proposal.sync_seconds,
                           sync_seconds=proposal.sync_seconds, target_seconds=target_seconds,
                           other_seconds=time.perf_counter() - t1, stopped=stopped)
-        if entry.proposer is not None:
+        if entry.method != "none":
             seq.controller.observe(step)
         seq.stats.add(step)
         if stopped:
@@ -240,9 +280,7 @@ class BatchEngine:
         waiting = list(enumerate(requests))
         for _, (prompt, _, method) in waiting:  # fail before any work
             self.engine.encode_prompt(prompt)
-            if (method or self.method) not in self.proposers:
-                raise SpecdecError(f"method {method!r} is not batched yet; batched methods: "
-                                   f"{', '.join(BATCHED_METHODS)}")
+            self._check_method(method or self.method)
         waiting.reverse()
         index: dict[int, int] = {}
         results: list[GenerationResult | None] = [None] * len(waiting)

@@ -7,10 +7,12 @@ import pytest
 import torch
 
 import specdec
+import specdec.engine
 from specdec.batch_engine import BatchEngine
 from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
 from specdec.sampling import SamplingParams
+from specdec.verify import ChainVerdict
 
 from distribution import N_QUICK, NEW, PROMPT, chi_square_p, exact_joint, tiny_model_dir
 from helpers import make_model_dir
@@ -27,11 +29,21 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def decoders(model_dir):
+def draft_dir(tmp_path_factory):
+    """The target's weights scaled down: a related draft that agrees often, not always."""
+    return make_model_dir(tmp_path_factory.mktemp("batch-draft"), layers=2, kv_heads=2, scale=0.8)
+
+
+METHODS = ("none", "ngram", "draft")
+
+
+@pytest.fixture(scope="module")
+def decoders(model_dir, draft_dir):
     """float64 decoders by method; K fixed so ngram drafts whenever it finds a match (drafts
-    of several lengths, padded, share each pass)."""
-    return {m: specdec.load(target=model_dir, dtype="float64", method=m, draft_tokens=4, calibrate=False)
-            for m in ("none", "ngram")}
+    of several lengths, padded, share each pass). The draft decoder's batch offers every
+    method: it runs the batches."""
+    return {m: specdec.load(target=model_dir, draft=draft_dir if m == "draft" else None, dtype="float64",
+                            method=m, draft_tokens=4, calibrate=False) for m in METHODS}
 
 
 def requests_with_stops(decoder, **sampling) -> list[dict]:
@@ -39,9 +51,9 @@ def requests_with_stops(decoder, **sampling) -> list[dict]:
     middle of their own single-run output, so the stop rule really fires mid-generation."""
     out = []
     for i, (prompt, max_tokens) in enumerate(zip(PROMPTS, MAX_TOKENS)):
-        s = dict(sampling, max_new_tokens=max_tokens, method=("none", "ngram")[i % 2])
+        s = dict(sampling, max_new_tokens=max_tokens, method=METHODS[i % 3])
         text = ""
-        if i % 3 == 0:
+        if i % 4 == 0:
             text = decoder.generate(prompt, **sampling, max_new_tokens=max_tokens).text
         if len(text) >= 4:
             s["stop"] = [text[len(text) // 2:len(text) // 2 + 2]]
@@ -86,12 +98,13 @@ def test_greedy_batch_equals_each_request_alone(decoders):
     samplings = requests_with_stops(decoders["none"])
     want = [alone(decoders, p, s) for p, s in zip(PROMPTS, samplings)]
     assert any(w.finish_reason == "stop" for w in want) and any(w.finish_reason == "length" for w in want)
-    decoder = decoders["ngram"]
+    decoder = decoders["draft"]
     for max_batch in (8, 3):
         got = decoder.generate_batch(PROMPTS, samplings, max_batch=max_batch)
         for g, w, s in zip(got, want, samplings):
             assert (g.token_ids, g.text, g.finish_reason) == (w.token_ids, w.text, w.finish_reason), s
-        assert sum(g.stats.drafted_tokens for g in got) > 0
+        for method in ("ngram", "draft"):
+            assert sum(g.stats.accepted_tokens for g, s in zip(got, samplings) if s["method"] == method) > 0
         assert all(g.stats.drafted_tokens == 0 for g, s in zip(got, samplings) if s["method"] == "none")
     chunked = BatchEngine(decoder.engine, max_batch=4, prefill_chunk=8)
     got = chunked.generate([(p, decoder.sampling_params(**{k: v for k, v in s.items() if k != "method"}),
@@ -102,22 +115,23 @@ def test_greedy_batch_equals_each_request_alone(decoders):
 def test_seeded_batch_equals_plain_seeded_sampling(decoders):
     """seed + temperature 0.8 (seed_mode invariant): every request in the batch, whatever its
     method, gives plain decoding's seeded tokens."""
-    samplings = [dict(method=("none", "ngram")[i % 2], max_new_tokens=m, seed=100 + i, temperature=0.8)
+    samplings = [dict(method=METHODS[i % 3], max_new_tokens=m, seed=100 + i, temperature=0.8)
                  for i, m in enumerate(MAX_TOKENS)]
-    got = decoders["ngram"].generate_batch(PROMPTS, samplings, max_batch=5)
+    got = decoders["draft"].generate_batch(PROMPTS, samplings, max_batch=5)
     for prompt, s, g in zip(PROMPTS, samplings, got):
         s = {k: v for k, v in s.items() if k != "method"}
         assert g.token_ids == decoders["none"].generate(prompt, **s).token_ids
-    assert sum(g.stats.drafted_tokens for g in got) > 0
+    assert sum(g.stats.accepted_tokens for g, s in zip(got, samplings) if s["method"] == "draft") > 0
 
 
-def test_exact_mode_bfloat16_batch_equals_alone(model_dir):
+def test_exact_mode_bfloat16_batch_equals_alone(model_dir, draft_dir):
     """bfloat16 in exact mode: each row of a batched pass gets a 1-token pass's bits, so greedy
     batch output equals plain decoding alone (without exact mode it does not on this model)."""
-    batched = specdec.load(target=model_dir, dtype="bfloat16", method="ngram", draft_tokens=4, calibrate=False)
+    batched = specdec.load(target=model_dir, draft=draft_dir, dtype="bfloat16", method="draft", draft_tokens=4,
+                           calibrate=False)
     plain = specdec.load(target=model_dir, dtype="bfloat16", calibrate=False)
     assert batched.exact and plain.exact
-    samplings = [dict(method=("none", "ngram")[i % 2], max_new_tokens=48) for i in range(len(PROMPTS))]
+    samplings = [dict(method=METHODS[i % 3], max_new_tokens=48) for i in range(len(PROMPTS))]
     got = batched.generate_batch(PROMPTS, samplings, max_batch=8)
     assert [g.token_ids for g in got] == [plain.generate(p, max_new_tokens=48).token_ids for p in PROMPTS]
 
@@ -125,60 +139,87 @@ def test_exact_mode_bfloat16_batch_equals_alone(model_dir):
 def test_sequences_join_and_leave_between_steps(decoders):
     """Start 3, add 2 after a few steps, cancel one: the slot is freed (and reused), and the
     other sequences' outputs are their single-run outputs."""
-    decoder = decoders["ngram"]
-    engine = BatchEngine(decoder.engine, max_batch=4)
+    engine = BatchEngine(decoders["draft"].engine, max_batch=5)
     params = [SamplingParams(max_new_tokens=30), SamplingParams(max_new_tokens=30, temperature=0.8, seed=3),
               SamplingParams(max_new_tokens=30), SamplingParams(max_new_tokens=20),
               SamplingParams(max_new_tokens=25, temperature=0.8, seed=9)]
-    seqs = [engine.add(PROMPTS[i], params[i]) for i in range(3)]
+    methods = ["draft", "ngram", "draft", "none", "draft"]
+    seqs = [engine.add(PROMPTS[i], params[i], methods[i]) for i in range(3)]
     for _ in range(3):
         engine.step()
     assert all(len(s.generated) > 0 for s in seqs) and len(engine) == 3
-    seqs += [engine.add(PROMPTS[i], params[i]) for i in (3, 4)[:engine.free_slots]]
+    seqs += [engine.add(PROMPTS[i], params[i], methods[i]) for i in (3, 4)]
     assert engine.free_slots == 0
     with pytest.raises(SpecdecError):
         engine.add("x", SamplingParams())
-    engine.cancel(seqs[1])
-    assert len(engine) == 3
-    seqs.append(engine.add(PROMPTS[4], params[4]))  # the freed slot is taken again
+    engine.cancel(seqs[1])  # not the last slot: the last sequence moves into its slot
+    assert len(engine) == 4 and engine.free_slots == 1
+    seqs.append(engine.add(PROMPTS[4], params[4], "ngram"))  # the freed slot is taken again
+    assert engine.free_slots == 0
     done = {}
     while len(engine):
         for event in engine.step():
             if event.seq.finish_reason is not None:
                 done[id(event.seq)] = engine.finish(event.seq)[0]
-    assert id(seqs[1]) not in done and len(done) == 4
-    for seq, i in zip([seqs[0], seqs[2], seqs[3], seqs[4]], (0, 2, 3, 4)):
+    assert id(seqs[1]) not in done and len(done) == 5
+    for seq, i in zip([seqs[0], seqs[2], seqs[3], seqs[4], seqs[5]], (0, 2, 3, 4, 4)):
         p = params[i]
         want = decoders["none"].generate(PROMPTS[i], max_new_tokens=p.max_new_tokens, temperature=p.temperature,
                                          seed=p.seed)
         assert done[id(seq)].token_ids == want.token_ids
 
 
-def test_unbatched_method_is_refused(model_dir, decoders):
+def test_unbatched_method_is_refused(decoders):
     engine = BatchEngine(decoders["none"].engine, max_batch=2)
     with pytest.raises(SpecdecError, match="not batched"):
-        engine.add("x", SamplingParams(), method="draft")
+        engine.add("x", SamplingParams(), method="draft")  # the decoder has no draft model
+    with pytest.raises(SpecdecError, match="not batched"):
+        decoders["draft"].generate_batch(["x"], [dict(method="eagle")])
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return tiny_model_dir(tmp_path_factory.mktemp("tiny"), seed=1, scale=0.5)
+def tiny_dirs(tmp_path_factory):
+    """A target with broad distributions and a confident draft that disagrees with it (many
+    rejections: a verifier that mishandles q shows within a few thousand samples)."""
+    return (tiny_model_dir(tmp_path_factory.mktemp("tiny"), seed=1, scale=0.5),
+            tiny_model_dir(tmp_path_factory.mktemp("tiny-draft"), seed=2, scale=3.0))
 
 
-@pytest.mark.parametrize("method", ["ngram", "none"])
-def test_batched_sampling_keeps_each_temperature_distribution(tiny_dir, method):
-    """Sequences at two temperatures (and top-p on one) share every batch (rejection sampling,
-    ngram drafting at K=2): the first NEW tokens of each follow the target's exact joint
-    distribution at its own settings."""
+def batched_p_values(tiny_dirs, method: str) -> list[float]:
+    """Sequences at two temperatures (and top-p on one) share every batch of 16 (rejection
+    sampling, K=2): p-values of the first NEW tokens of each setting against the target's
+    exact joint distribution at that setting."""
+    target, draft = tiny_dirs
     settings = [dict(temperature=0.6), dict(temperature=1.3, top_p=0.95)]
-    decoder = specdec.load(target=tiny_dir, method="ngram", draft_tokens=2, calibrate=False)
+    decoder = specdec.load(target=target, draft=draft if method == "draft" else None,
+                           method="draft" if method == "draft" else "ngram", draft_tokens=2, calibrate=False)
     requests = [(PROMPT, SamplingParams(max_new_tokens=NEW, seed=seed, seed_mode="rejection", ignore_eos=True,
                                         **settings[seed % 2]), method) for seed in range(2 * N_QUICK)]
     results = BatchEngine(decoder.engine, max_batch=16).generate(requests)
+    drafted = sum(r.stats.drafted_tokens for r in results)
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    assert (0 < accepted < drafted) if method != "none" else drafted == 0
+    p_values = []
     for which, kw in enumerate(settings):
         counts: dict = {}
         for result in results[which::2]:
             counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1
-        assert chi_square_p(counts, exact_joint(tiny_dir, SamplingParams(**kw))) > 1e-3
-    drafted = sum(r.stats.drafted_tokens for r in results)
-    assert drafted > 0 if method == "ngram" else drafted == 0
+        p_values.append(chi_square_p(counts, exact_joint(target, SamplingParams(**kw))))
+    return p_values
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram", "none"])
+def test_batched_sampling_keeps_each_temperature_distribution(tiny_dirs, method):
+    assert min(batched_p_values(tiny_dirs, method)) > 1e-3
+
+
+def test_a_wrong_verifier_fails_the_batched_test(tiny_dirs, monkeypatch):
+    """Power: rejection sampling that forgets to divide by q fails the same check."""
+    def wrong_verifier(drafts, draft_probs, target_probs, rng):
+        for i, x in enumerate(drafts):
+            if not rng.coin(float(target_probs[i, x])):
+                return ChainVerdict(i, rng.categorical(target_probs[i]))
+        return ChainVerdict(len(drafts), rng.categorical(target_probs[len(drafts)]))
+
+    monkeypatch.setattr(specdec.engine, "verify_rejection", wrong_verifier)
+    assert min(batched_p_values(tiny_dirs, "draft")) < 1e-3
