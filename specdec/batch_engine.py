@@ -32,13 +32,13 @@ from dataclasses import dataclass
 
 from specdec.engine import Engine, chain_verdict
 from specdec.errors import SpecdecError
-from specdec.logprobs import token_logprobs
+from specdec.logprobs import last_entries, token_logprobs
 from specdec.models.batch import BatchRunner
 from specdec.proposers.base import Proposal, Proposer
 from specdec.proposers.batch_draft import BatchDraftModel, DraftRequest
 from specdec.proposers.prompt_lookup import PromptLookupProposer
 from specdec.sampling import SamplingParams
-from specdec.sequence import GenerationResult, Sequence
+from specdec.sequence import GenerationResult, Sequence, StreamChunk
 from specdec.stats import StepRecord
 
 BATCHED_METHODS = ("none", "ngram", "draft")
@@ -130,6 +130,28 @@ class BatchEngine:
     def finish(self, seq: Sequence) -> tuple[GenerationResult, str]:
         """The result of a finished sequence, and its text held back until now."""
         return self.engine.finish(seq)
+
+    def stream_chunks(self, event: BatchEvent) -> list[StreamChunk]:
+        """The chunks Engine.stream yields for this step of the sequence: one per step, and
+        when the sequence finished, a last one with its result (carrying the step's tokens
+        when EOS or a stop string ended it, as Engine.stream does)."""
+        seq, step = event.seq, event.step
+        if step is None:
+            return []
+        prompt_logprobs = seq.prompt_logprobs if seq.stats.target_forwards == 1 else None  # with the first chunk
+        chunks = []
+        if not step.stopped:
+            chunks.append(StreamChunk(step.text, list(step.new_tokens), step=step, prompt_logprobs=prompt_logprobs,
+                                      token_logprobs=last_entries(seq.token_logprobs, len(step.new_tokens))))
+            prompt_logprobs = None
+        if seq.finish_reason is not None:
+            result, tail = self.finish(seq)
+            last = step if step.stopped else None
+            tokens = list(step.new_tokens) if last is not None else []
+            chunks.append(StreamChunk((step.text if last is not None else "") + tail, tokens, result, step=last,
+                                      token_logprobs=last_entries(seq.token_logprobs, len(tokens)),
+                                      prompt_logprobs=prompt_logprobs))
+        return chunks
 
     def _release(self, slot: int) -> None:
         """Free a slot, keeping the running sequences in slots [0, n): the last one moves in."""

@@ -223,3 +223,37 @@ def test_a_wrong_verifier_fails_the_batched_test(tiny_dirs, monkeypatch):
 
     monkeypatch.setattr(specdec.engine, "verify_rejection", wrong_verifier)
     assert min(batched_p_values(tiny_dirs, "draft")) < 1e-3
+
+
+def test_stream_chunks_and_logprobs_equal_engine_stream(decoders):
+    """Per step, the batch hands out the chunks Engine.stream yields alone (text held back for
+    stop strings, the final chunk, logprobs and prompt logprobs), penalties applied per row."""
+    decoder = decoders["draft"]
+    cases = [(PROMPTS[0], dict(max_new_tokens=20, logprobs=2, prompt_logprobs=1), "draft"),
+             (PROMPTS[1], dict(max_new_tokens=15, presence_penalty=0.8, repetition_penalty=1.3), "ngram"),
+             (PROMPTS[2], dict(max_new_tokens=25, logprobs=0, frequency_penalty=0.5), "none"),
+             (PROMPTS[4], dict(max_new_tokens=30, temperature=0.8, seed=4, logit_bias={5: 3.0}), "draft")]
+    stop = decoders["none"].generate(cases[2][0], **cases[2][1]).text[6:8]
+    cases[2][1]["stop"] = [stop]
+
+    def rounded(entries):  # float64 passes of other widths round the last bits differently
+        return None if entries is None else [
+            None if e is None else (e.token, round(e.logprob, 9), tuple((t, round(v, 9)) for t, v in e.top))
+            for e in entries]
+
+    def key(chunk):
+        result = chunk.result
+        return (chunk.text, chunk.token_ids, rounded(chunk.token_logprobs), rounded(chunk.prompt_logprobs),
+                None if result is None else (result.text, result.token_ids, result.finish_reason))
+
+    engine = BatchEngine(decoder.engine, max_batch=4)
+    seqs = [engine.add(p, decoder.sampling_params(**kw), m) for p, kw, m in cases]
+    got = {id(s): [] for s in seqs}
+    while len(engine):
+        for event in engine.step():
+            got[id(event.seq)] += [key(c) for c in engine.stream_chunks(event)]
+    for seq, (prompt, kw, method) in zip(seqs, cases):
+        want = [key(c) for c in decoders[method].stream(prompt, **kw)]
+        if method == "none":  # the stop string fired
+            assert want[-1][-1][2] == "stop"
+        assert got[id(seq)] == want
