@@ -138,10 +138,10 @@ class SpecDecoder:
 
     def batch_engine(self, max_batch: int = 8) -> BatchEngine:
         """The batched engine over this decoder's target (its cache of max_batch slots is kept
-        for the next call with the same max_batch)."""
+        for the next call with the same max_batch); calibrated when the decoder was."""
         if self._batch is None or self._batch.max_batch != max_batch:
             self._batch = None  # free the old cache first
-            self._batch = BatchEngine(self.engine, max_batch)
+            self._batch = BatchEngine(self.engine, max_batch, calibrate=self.engine.pass_costs is not None)
         return self._batch
 
     def generate_batch(self, prompts: list[str | list[int]], samplings: list[dict] | None = None,

@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from specdec.batch_controller import BatchDraftLength
 from specdec.engine import Engine, chain_verdict
 from specdec.errors import SpecdecError
 from specdec.logprobs import last_entries, token_logprobs
@@ -67,7 +68,8 @@ class BatchEvent:
 
 
 class BatchEngine:
-    def __init__(self, engine: Engine, max_batch: int = 8, prefill_chunk: int = 512, max_rows: int = 64):
+    def __init__(self, engine: Engine, max_batch: int = 8, prefill_chunk: int = 512, max_rows: int = 64,
+                 calibrate: bool = False):
         model = getattr(engine.target, "model", None)
         if not getattr(engine.target, "supports_tree", False) or model is None:
             raise SpecdecError("batched decoding needs the native runtime (llama, mistral, qwen2)")
@@ -87,6 +89,53 @@ class BatchEngine:
                                          min(engine.target.max_len, engine.proposer.runner.max_len))
             self.proposers["draft"] = None
         self.entries: list[BatchEntry] = []  # entries[b] is in slot b
+        self.width = BatchDraftLength()  # the batch's K (unless the engine fixes K)
+        if calibrate:
+            self.calibrate()
+
+    def calibrate(self, context: int = 8, repeats: int = 2) -> None:
+        """Time (and warm up) batched target passes over 1, 2, 4, ... max_rows rows (n
+        sequences of `context` tokens, n * width = rows) and, for the draft model, batched
+        draft passes over 1, 2, 4, ... sequences: the batch's K starts from these costs."""
+        if self.entries:
+            raise SpecdecError("calibrate an empty batch")
+        filler = min(self.engine.eos_ids) if self.engine.eos_ids else 0
+        prefix = [filler] * context
+        for slot in range(self.max_batch):
+            self.runner.extend_slot(slot, prefix)
+            if self.draft is not None:
+                self.draft.prefill(slot, prefix)
+
+        def best(fn, *args) -> float:
+            fn(*args)  # warm-up
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn(*args)
+                times.append(time.perf_counter() - t0)
+            return min(times)
+
+        def target_pass(n: int, width: int) -> None:
+            self.runner.extend([[filler] * width] * n, [self.engine.exact] * n)
+            for slot in range(n):
+                self.runner.rollback(slot, context)
+
+        def draft_pass(n: int) -> None:
+            self.draft.runner.extend([[filler]] * n)
+            for slot in range(n):
+                self.draft.runner.rollback(slot, context)
+
+        rows = 1
+        while rows <= self.max_rows:
+            n = min(self.max_batch, rows)
+            self.width.target.observe(n * (rows // n), best(target_pass, n, rows // n))
+            if self.draft is not None and rows <= self.max_batch:
+                self.width.draft.observe(rows, best(draft_pass, rows))
+            rows *= 2
+        for slot in range(self.max_batch):
+            self.runner.rollback(slot, 0)
+            if self.draft is not None:
+                self.draft.reset(slot)
 
     @property
     def method(self) -> str:
@@ -203,24 +252,34 @@ class BatchEngine:
             events.append(BatchEvent(seq, None))
         return events
 
-    def _budgets(self, ready: list[int]) -> list[int]:
-        """Each sequence's K from its controller, capped so that the padded pass holds at
-        most max_rows rows."""
+    def _limits(self, ready: list[int]) -> list[int]:
+        """The most drafts each sequence may take this step: its method's and its tokens'
+        limits, and max_rows // n - 1 so that the padded pass holds at most max_rows rows."""
         cap = self.max_rows // len(ready) - 1
-        budgets = []
+        max_k = self.engine.fixed_draft_tokens or self.engine.max_draft_tokens
+        limits = []
         for slot in ready:
             entry = self.entries[slot]
             seq = entry.seq
             room = self.runner.max_len - len(seq.context)
-            if entry.method == "none":
-                budgets.append(0)
-            else:
-                budgets.append(seq.controller.choose(min(seq.remaining - 1, room - 1, cap)))
-        return budgets
+            limits.append(0 if entry.method == "none" else max(0, min(max_k, seq.remaining - 1, room - 1, cap)))
+        return limits
+
+    def _choose_k(self, ready: list[int], limits: list[int]) -> int:
+        """A fixed K (draft_tokens), else the batch's K from measured costs (batch_controller.py)."""
+        if self.engine.fixed_draft_tokens is not None:
+            return self.engine.fixed_draft_tokens
+        expected = [self.entries[slot].seq.controller.expected_tokens for slot in ready]
+        drafting = sum(1 for slot, lim in zip(ready, limits) if lim and self.entries[slot].method == "draft")
+        return self.width.choose(limits, expected, self.max_rows // len(ready) - 1, drafting)
 
     def _decode(self, ready: list[int]) -> list[BatchEvent]:
-        budgets = self._budgets(ready)
-        proposals, draft_seconds = self._propose(ready, budgets)
+        limits = self._limits(ready)
+        early = self._propose_each(ready, limits)  # cheap drafters first: K then knows their matches
+        limits = [len(early[slot][0].tokens) if slot in early else lim for slot, lim in zip(ready, limits)]
+        k = self._choose_k(ready, limits)
+        budgets = [min(k, lim) for lim in limits]
+        proposals, draft_seconds, model_seconds = self._propose(ready, budgets, early)
         rows: list[list[int]] = [[] for _ in range(ready[-1] + 1)]
         exact = [False] * len(rows)
         for slot, proposal in zip(ready, proposals):
@@ -230,6 +289,9 @@ class BatchEngine:
         t0 = time.perf_counter()
         logits = self.runner.extend(rows, exact)
         target_seconds = time.perf_counter() - t0
+        drafting = [b for slot, b in zip(ready, budgets) if b and self.entries[slot].method == "draft"]
+        self.width.observe(len(rows), max(len(r) for r in rows), target_seconds, len(drafting),
+                           max(drafting, default=0), model_seconds)
         events = []
         for slot, budget, proposal, drafted_in in zip(ready, budgets, proposals, draft_seconds):
             entry, t1 = self.entries[slot], time.perf_counter()
@@ -242,23 +304,39 @@ class BatchEngine:
             events.append(BatchEvent(seq, step))
         return events
 
-    def _propose(self, ready: list[int], budgets: list[int]) -> tuple[list[Proposal], list[float]]:
-        """Each sequence's drafts (and the seconds it waited for them): per-sequence drafters
-        one by one, the draft model's sequences together in batched passes."""
+    def _propose_each(self, ready: list[int], limits: list[int]) -> dict[int, tuple[Proposal, float]]:
+        """Per-sequence drafters (prompt lookup) at each sequence's limit, with their seconds."""
+        out = {}
+        for slot, limit in zip(ready, limits):
+            entry, t0 = self.entries[slot], time.perf_counter()
+            if entry.proposer is not None and limit > 0:
+                seq = entry.seq
+                proposal = entry.proposer.propose(seq.context, limit, seq.params, seq.generator,
+                                                  history=seq.history, noise=seq.noise)
+                out[slot] = (proposal, time.perf_counter() - t0)
+        return out
+
+    def _propose(self, ready: list[int], budgets: list[int], early: dict[int, tuple[Proposal, float]]
+                 ) -> tuple[list[Proposal], list[float], float]:
+        """Each sequence's drafts and the seconds it waited for them: the early proposals cut
+        to the budget (a shorter lookup gives their prefix), the draft model's sequences
+        together in batched passes (whose seconds come third)."""
         proposals: dict[int, Proposal] = {}
         seconds: dict[int, float] = {}
         requests = []
         for slot, budget in zip(ready, budgets):
-            entry, t0 = self.entries[slot], time.perf_counter()
-            seq = entry.seq
-            if budget > 0 and entry.method == "draft":
+            seq = self.entries[slot].seq
+            if budget > 0 and self.entries[slot].method == "draft":
                 requests.append(DraftRequest(slot, seq.context, budget, seq.params, seq.generator,
                                              seq.history, seq.noise))
-                continue
-            proposals[slot] = (entry.proposer.propose(seq.context, budget, seq.params, seq.generator,
-                                                      history=seq.history, noise=seq.noise)
-                               if budget > 0 else Proposal([]))
-            seconds[slot] = time.perf_counter() - t0
+            elif budget > 0:
+                proposal, seconds[slot] = early[slot]
+                probs = proposal.draft_probs
+                proposals[slot] = Proposal(proposal.tokens[:budget], None if probs is None else probs[:budget],
+                                           sync_seconds=proposal.sync_seconds)
+            else:
+                proposals[slot], seconds[slot] = Proposal([]), early[slot][1] if slot in early else 0.0
+        elapsed = 0.0
         if requests:
             t0 = time.perf_counter()
             drafted = self.draft.propose(requests)
@@ -266,7 +344,7 @@ class BatchEngine:
             for r in requests:
                 proposals[r.slot] = drafted.get(r.slot, Proposal([]))
                 seconds[r.slot] = elapsed
-        return [proposals[slot] for slot in ready], [seconds[slot] for slot in ready]
+        return [proposals[slot] for slot in ready], [seconds[slot] for slot in ready], elapsed
 
     def _emit(self, seq: Sequence, entry: BatchEntry, budget: int, proposal: Proposal, tokens: list[int],
               accepted: int, logits, draft_seconds: float, target_seconds: float, t1: float) -> StepRecord:

@@ -8,6 +8,7 @@ import torch
 
 import specdec
 import specdec.engine
+from specdec.batch_controller import BatchDraftLength, CostTable
 from specdec.batch_engine import BatchEngine
 from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
@@ -257,3 +258,42 @@ def test_stream_chunks_and_logprobs_equal_engine_stream(decoders):
         if method == "none":  # the stop string fired
             assert want[-1][-1][2] == "stop"
         assert got[id(seq)] == want
+
+
+def test_batch_k_shrinks_as_verification_stops_being_free():
+    """The batch's K from measured pass costs: drafts while a pass over more rows costs little,
+    fewer drafts as the batch widens the pass, plain steps (with an occasional probe) when
+    every row costs as much as a plain step; sequences that cannot draft weigh nothing."""
+    def table(base: float, per_row: float) -> BatchDraftLength:
+        width = BatchDraftLength()
+        for rows in (1, 2, 4, 8, 16, 32, 64):
+            width.target.observe(rows, base + per_row * rows)
+        return width
+
+    def expected(a: float):
+        return lambda k: (1 - a ** (k + 1)) / (1 - a)
+
+    memory_bound = table(base=10e-3, per_row=0.1e-3)  # SmolLM2-like on a CPU: weights dominate
+    ks = [memory_bound.choose([8] * n, [expected(0.7)] * n, 64 // n - 1) for n in (1, 4, 16, 32)]
+    assert ks[0] >= 3 and ks == sorted(ks, reverse=True) and ks[-1] < ks[0]
+    assert memory_bound.choose([0] * 4, [expected(0.7)] * 4, 15) == 0  # nobody can draft
+    one_drafter = memory_bound.choose([8] + [0] * 15, [expected(0.7)] * 16, 3)
+    all_draft = memory_bound.choose([8] * 16, [expected(0.7)] * 16, 3)
+    assert one_drafter <= all_draft
+    compute_bound = table(base=0.0, per_row=1e-3)
+    picks = [compute_bound.choose([8] * 4, [expected(0.5)] * 4, 15) for _ in range(compute_bound.probe_every)]
+    assert picks[:-1] == [0] * (len(picks) - 1) and picks[-1] == compute_bound.probe_k
+    assert CostTable({4: 1.0, 8: 2.0}).estimate(6) == 1.5 and CostTable({4: 1.0, 8: 2.0}).estimate(16) == 4.0
+    assert CostTable({4: 1.0}).estimate(8) is None
+
+
+def test_adaptive_batch_k_keeps_greedy_output(model_dir, decoders):
+    """Without a fixed K (the batch chooses it; calibrated at load), outputs are unchanged. The
+    target drafts for itself here: every draft is accepted, so drafting pays and is chosen."""
+    decoder = specdec.load(target=model_dir, draft=model_dir, dtype="float64", method="draft")
+    samplings = [dict(method=METHODS[i % 3], max_new_tokens=m) for i, m in enumerate(MAX_TOKENS)]
+    got = decoder.generate_batch(PROMPTS, samplings, max_batch=4)
+    assert decoder.batch_engine(4).width.target.seconds  # calibrated, then measured
+    assert sum(g.stats.accepted_tokens for g, s in zip(got, samplings) if s["method"] == "draft") > 0
+    assert [g.token_ids for g in got] == [decoders["none"].generate(p, max_new_tokens=m).token_ids
+                                          for p, m in zip(PROMPTS, MAX_TOKENS)]
