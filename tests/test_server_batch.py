@@ -127,3 +127,35 @@ def test_serve_cli_max_batch(capsys):
     assert build_parser().parse_args(["serve", "--max-batch", "8"]).max_batch == 8
     assert main(["serve", "--max-batch", "0"]) == 2
     assert "--max-batch" in capsys.readouterr().err
+
+
+def test_full_batch_leaves_jobs_queued(model_dir):
+    """A job leaves the queue only when a slot is free and the jobs before it have all their
+    choices in the batch, so a full batch lets the queue fill (and the server answer 429)."""
+    import asyncio
+
+    from specdec.server.metrics import Metrics
+    from specdec.server.worker import EngineWorker, Job, QueueFull
+
+    decoder = specdec.load(model_dir, calibrate=False)
+    worker = EngineWorker(decoder, max_queue=1, metrics=Metrics(), max_batch=2)
+    loop = asyncio.new_event_loop()
+    try:
+        ids = decoder.tokenizer.encode("def add")
+        first = Job(ids, [{"max_new_tokens": 50}] * 3, False, loop)  # n = 3 choices
+        second = Job(ids, [{"max_new_tokens": 50}], False, loop)
+        worker.submit(first)
+        worker._admit(block=False)
+        assert len(worker.batch) == 2 and len(worker._jobs[0].waiting) == 1
+        worker.submit(second)
+        with pytest.raises(QueueFull):
+            worker.submit(Job(ids, [{}], False, loop))
+        worker._deliver(worker.batch.step())
+        worker._admit(block=False)
+        assert worker.queue.qsize() == 1  # no free slot: the second job still waits
+        first.cancel()
+        worker._drop_cancelled()
+        worker._admit(block=False)
+        assert worker.queue.qsize() == 0 and len(worker.batch) == 1 and worker._jobs[0].job is second
+    finally:
+        loop.close()
