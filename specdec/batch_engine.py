@@ -14,10 +14,10 @@ A step:
    does (engine.chain_verdict), rolls its slot back past its rejected drafts, and applies its
    stop rules (EOS, stop strings, max tokens, context).
 
-K: each sequence has its own DraftLengthController (measured costs are those of the batched
-pass it waits for), and since rows are padded, every K is capped at max_rows // n - 1 for n
-sequences in the pass, so the pass never exceeds max_rows rows: as the batch grows,
-speculation shrinks, down to plain steps at n > max_rows / 2.
+K: one per step for the whole batch (batch_controller.py), from the measured costs of
+batched passes and each sequence's acceptance (its own DraftLengthController); a sequence
+drafts min(K, what it can). Rows are padded to the widest sequence, so K is also capped at
+max_rows // n - 1 for n sequences in the pass. A fixed K (draft_tokens) is used as is.
 
 Drafting: `ngram` per sequence (no model); `draft` (when the decoder's method is draft) as one
 batched draft-model pass per draft position (proposers/batch_draft.py), the draft model
