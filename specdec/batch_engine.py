@@ -7,7 +7,7 @@ A step:
 1. prefills waiting prompts, in chunks of at most `prefill_chunk` tokens per step, so a long
    prompt does not stall the sequences already decoding (a prompt that fits in one chunk is
    prefilled in one pass, exactly as Engine.start does);
-2. lets every decoding sequence's controller pick its K and its proposer draft;
+2. picks one K for the batch and lets every decoding sequence draft up to it;
 3. scores every sequence's [last token] + drafts in ONE target pass (rows padded to the
    widest sequence, a mask keeping each row to its own slot: models/batch.py);
 4. verifies each sequence with its own sampling settings, exactly as Engine._verify_chain
