@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.batch_engine import BatchEngine
 from specdec.bundled import DEFAULT_DRAFT, DEFAULT_EAGLE, DEFAULT_MEDUSA, DEFAULT_TARGET
 from specdec.engine import Engine, GenerationResult, StreamChunk
 from specdec.errors import SpecdecError
@@ -93,6 +94,7 @@ class SpecDecoder:
         self.target_path = target_path
         self.draft_path = draft_path
         self.tokenizer = engine.tokenizer
+        self._batch: BatchEngine | None = None
 
     @property
     def method(self) -> str:
@@ -146,6 +148,31 @@ class SpecDecoder:
         params = self.sampling_params(**sampling)
         self.engine.encode_prompt(prompt)  # fail before the first chunk
         return self.engine.stream(prompt, params)
+
+    def batch_engine(self, max_batch: int = 8) -> BatchEngine:
+        """The batched engine over this decoder's target (its cache of max_batch slots is kept
+        for the next call with the same max_batch); calibrated when the decoder was."""
+        if self._batch is None or self._batch.max_batch != max_batch:
+            self._batch = None  # free the old cache first
+            self._batch = BatchEngine(self.engine, max_batch, calibrate=self.engine.pass_costs is not None)
+        return self._batch
+
+    def generate_batch(self, prompts: list[str | list[int]], samplings: list[dict] | None = None,
+                       max_batch: int = 8, **sampling) -> list[GenerationResult]:
+        """Generate for many prompts at once, up to max_batch sharing each target pass
+        (continuous batching: a waiting prompt joins as soon as a slot frees). `sampling`
+        applies to every prompt; samplings[i] (optional) adds prompt i's own settings, and may
+        name its `method` among the batched ones (none, ngram; default: the decoder's own when
+        batched, else none). Results in prompt order; each is what generate() would give
+        (greedy: the same tokens; seeded: the same tokens in the default seed mode)."""
+        if samplings is not None and len(samplings) != len(prompts):
+            raise SpecdecError(f"samplings has {len(samplings)} entries for {len(prompts)} prompts")
+        requests = []
+        for i, prompt in enumerate(prompts):
+            own = dict(samplings[i]) if samplings is not None else {}
+            method = own.pop("method", None)
+            requests.append((prompt, self.sampling_params(**{**sampling, **own}), method))
+        return self.batch_engine(max_batch).generate(requests)
 
 
 def load(target: str | Path | None = None, draft: str | Path | None = None, method: str = "none",

@@ -42,3 +42,89 @@ class KVCache:
         for buf in (*self.keys, *self.values):
             buf[:, :, start:start + n] = buf[:, :, idx]
         self.length = start + n
+
+
+class BatchKVCache:
+    """B slots, each one sequence's cache with its own length, for batched passes (continuous
+    batching). One buffer per layer, [B, heads, max_len, head_dim], so that a pass over slots
+    [0, n) reads a view, never a copy: the batched engine keeps its running sequences in the
+    first slots (`move` fills a freed slot). Rollback of a slot is moving its length back."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int,
+                 dtype: torch.dtype, device: torch.device | str = "cpu", batch_size: int = 1):
+        shape = (batch_size, num_kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.max_len = max_len
+        self.batch_size = batch_size
+        self.lengths = [0] * batch_size  # slot b holds valid entries at [0, lengths[b])
+        self._pass: tuple | None = None  # (slots, index tensors, key count) set by begin_pass
+
+    def begin_pass(self, n_new: list[int]) -> int:
+        """Prepare a pass over slots [0, len(n_new)) writing n_new[b] entries after each slot's
+        length (0: the slot only pads); returns the number of key positions the pass sees."""
+        n = len(n_new)
+        ends = [self.lengths[b] + k for b, k in enumerate(n_new)]
+        if max(ends) > self.max_len:
+            raise ValueError(f"KV cache overflow: {max(ends)} positions > capacity {self.max_len}")
+        slot = [b for b, k in enumerate(n_new) for _ in range(k)]
+        row = [t for k in n_new for t in range(k)]
+        pos = [self.lengths[b] + t for b, t in zip(slot, row)]
+        device = self.keys[0].device
+        index = tuple(torch.tensor(x, dtype=torch.long, device=device) for x in (slot, row, pos))
+        self._pass = (n, index, max(ends))
+        return max(ends)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the pass's valid rows of k, v [n, heads, T, head_dim] (padding rows are not
+        written) and return the keys/values of slots [0, n) up to the pass's last position."""
+        n, (slot, row, pos), end = self._pass
+        self.keys[layer][slot, :, pos] = k[slot, :, row]
+        self.values[layer][slot, :, pos] = v[slot, :, row]
+        return self.keys[layer][:n, :, :end], self.values[layer][:n, :, :end]
+
+    def end_pass(self, n_new: list[int]) -> None:
+        for b, k in enumerate(n_new):
+            self.lengths[b] += k
+        self._pass = None
+
+    def rollback(self, slot: int, length: int) -> None:
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"cannot roll slot {slot} back to {length} (it holds {self.lengths[slot]})")
+        self.lengths[slot] = length
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy slot src's entries into slot dst (which is overwritten) and empty src."""
+        n = self.lengths[src]
+        for buf in (*self.keys, *self.values):
+            buf[dst, :, :n] = buf[src, :, :n]
+        self.lengths[dst], self.lengths[src] = n, 0
+
+    def slot(self, b: int) -> SlotCache:
+        return SlotCache(self, b)
+
+
+class SlotCache:
+    """One slot of a BatchKVCache behind KVCache's interface, so a single-sequence pass (a
+    prompt's prefill chunk) runs the unchanged single-sequence model code on that slot."""
+
+    def __init__(self, batch: BatchKVCache, b: int):
+        self.batch, self.b = batch, b
+        self.max_len = batch.max_len
+
+    @property
+    def length(self) -> int:
+        return self.batch.lengths[self.b]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        start, b = self.length, self.b
+        end = start + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: {end} positions > capacity {self.max_len}")
+        keys, values = self.batch.keys[layer], self.batch.values[layer]
+        keys[b:b + 1, :, start:end] = k
+        values[b:b + 1, :, start:end] = v
+        return keys[b:b + 1, :, :end], values[b:b + 1, :, :end]
+
+    def advance(self, n: int) -> None:
+        self.batch.lengths[self.b] += n

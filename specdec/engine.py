@@ -25,6 +25,7 @@ from specdec.sequence import GenerationResult, Sequence, StreamChunk
 from specdec.stats import GenerationStats, StepRecord
 from specdec.text import TextStream, TextTokenizer
 from specdec.verify import (
+    ChainVerdict,
     TorchRandom,
     tree_attention_mask,
     tree_depths,
@@ -46,6 +47,19 @@ class Verified:
     kept: list[int]  # rows of the verify pass that stay in the cache
     target_seconds: float
     logits: torch.Tensor | None = None  # the pass's logits: row kept[j] predicted new_tokens[j]
+
+
+def chain_verdict(seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> ChainVerdict:
+    """Verify a chain from the target's logits over [last] + drafts, with the sequence's own
+    sampling settings (shared with the batched engine, so both verify alike)."""
+    drafts, params, history = proposal.tokens, seq.params, seq.history
+    target_probs = final_probs(logits, params, history and history.rows(chain_paths(drafts)))
+    if params.greedy:
+        return verify_greedy(drafts, target_probs)
+    if seq.noise is not None:  # row i predicts the token at position len(context) + i
+        positions = list(range(len(seq.context), len(seq.context) + len(drafts) + 1))
+        return verify_choices(drafts, seq.noise.samples(target_probs, positions))
+    return verify_rejection(drafts, proposal.draft_probs, target_probs, seq.rng)
 
 
 class Engine:
@@ -120,25 +134,31 @@ class Engine:
         return controller
 
     # ---------------------------------------------------------------- one generation
-    def start(self, prompt: str | list[int], params: SamplingParams) -> Sequence:
-        """Reset the caches and prefill the prompt (all but its last token)."""
+    def new_sequence(self, prompt: str | list[int], params: SamplingParams, controller: Controller | None = None,
+                     method: str | None = None) -> Sequence:
+        """A generation's state before any pass (shared with the batched engine)."""
         prompt_ids = self.encode_prompt(prompt)
-        started_at = time.perf_counter()
         generator = make_generator(params.seed)
-        controller = self.controller_for(params)
+        controller = controller or self.controller_for(params)
         controller.start_sequence()
         seq = Sequence(prompt_ids, params, controller, generator, TorchRandom(generator),
                        TextStream(self.tokenizer, params.stop),
-                       GenerationStats(self.method, lossy=self.typical_acceptance and not params.greedy),
-                       started_at, context=list(prompt_ids), generated=[],
+                       GenerationStats(method or self.method, lossy=self.typical_acceptance and not params.greedy),
+                       time.perf_counter(), context=list(prompt_ids), generated=[],
                        history=history_for(params, prompt_ids, self.target.vocab_size),
                        token_logprobs=[] if params.logprobs is not None else None,
                        noise=PositionNoise(params.seed, self.target.vocab_size) if params.drafter_invariant else None)
+        if params.prompt_logprobs is not None:
+            seq.prompt_logprobs = [None]  # the first token has no distribution
+        return seq
+
+    def start(self, prompt: str | list[int], params: SamplingParams) -> Sequence:
+        """Reset the caches and prefill the prompt (all but its last token)."""
+        seq = self.new_sequence(prompt, params)
+        prompt_ids, started_at = seq.prompt_ids, seq.started_at
         self.target.reset()
         if self.proposer is not None:
             self.proposer.reset(prompt_ids)
-        if params.prompt_logprobs is not None:
-            seq.prompt_logprobs = [None]  # the first token has no distribution
         if len(prompt_ids) > 1:
             logits = self.target.extend(prompt_ids[:-1], want_hidden=self.needs_hidden)
             if params.prompt_logprobs is not None:
@@ -220,16 +240,9 @@ class Engine:
 
     def _verify_chain(self, seq: Sequence, proposal: Proposal) -> Verified:
         """Score [last] + drafts in one pass; keep the accepted prefix in the cache."""
-        drafts, start, params, history = proposal.tokens, self.target.length, seq.params, seq.history
+        drafts, start = proposal.tokens, self.target.length
         logits, seconds = self._target_pass([seq.context[-1]] + drafts, seq)
-        target_probs = final_probs(logits, params, history and history.rows(chain_paths(drafts)))
-        if params.greedy:
-            verdict = verify_greedy(drafts, target_probs)
-        elif seq.noise is not None:  # row i predicts the token at position len(context) + i
-            positions = list(range(len(seq.context), len(seq.context) + len(drafts) + 1))
-            verdict = verify_choices(drafts, seq.noise.samples(target_probs, positions))
-        else:
-            verdict = verify_rejection(drafts, proposal.draft_probs, target_probs, seq.rng)
+        verdict = chain_verdict(seq, proposal, logits)
         n = verdict.num_accepted
         self.target.rollback(start + 1 + n)
         return Verified(drafts[:n] + [verdict.next_token], n, list(range(n + 1)), seconds, logits)

@@ -25,6 +25,9 @@ def add_parser(sub) -> None:
                         f"(default: ${API_KEY_ENV} if set, else no key)")
     s.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for the engine; beyond that the server answers 429")
+    s.add_argument("--max-batch", type=int, default=1,
+                   help="sequences decoded together (continuous batching; methods none, ngram, draft); "
+                        "1 = one generation at a time (default)")
     s.add_argument("--max-tokens-limit", type=int, default=4096,
                    help="largest max_tokens a request may ask for (default 4096)")
     s.add_argument("--model-name", default=None,
@@ -39,6 +42,8 @@ def check_args(args) -> None:
         raise SpecdecError(f"--port must be in [0, 65535], got {args.port}")
     if args.max_queue < 1:
         raise SpecdecError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.max_batch < 1:
+        raise SpecdecError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.max_tokens_limit < 1:
         raise SpecdecError(f"--max-tokens-limit must be >= 1, got {args.max_tokens_limit}")
     if args.model_name is not None and not args.model_name.strip():
@@ -59,7 +64,7 @@ def cmd_serve(args) -> int:
     api_key = args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
     decoder = load_decoder(args)
     settings = ServerSettings(model_name=args.model_name, api_key=api_key, max_queue=args.max_queue,
-                              max_tokens_limit=args.max_tokens_limit)
+                              max_tokens_limit=args.max_tokens_limit, max_batch=args.max_batch)
     app = create_app(decoder, settings)
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"specdec: warning: listening on {args.host} without an API key (--api-key)", file=sys.stderr)

@@ -9,6 +9,7 @@ Exposed names (prometheus-client adds `_total` to counters itself):
   specdec:requests_cancelled_total                      requests dropped by their client
   specdec:num_requests_running                          requests the engine is working on
   specdec:num_requests_waiting                          requests queued for the engine
+  specdec:batch_size                                    sequences per batched step (--max-batch > 1)
 Speculative decoding, named like vLLM's, from finished choices:
   specdec:spec_decode_num_drafts_total                  decode steps that drafted >= 1 token
   specdec:spec_decode_num_draft_tokens_total            drafted tokens
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -53,6 +55,8 @@ class Metrics:
                                           "Requests the engine is generating for", registry=r)
         self.num_requests_waiting = Gauge("specdec:num_requests_waiting",
                                           "Requests waiting in the queue", registry=r)
+        self.batch_size = Histogram("specdec:batch_size", "Sequences in each batched decode step",
+                                    buckets=BATCH_BUCKETS, registry=r)
         self.num_drafts = Counter("specdec:spec_decode_num_drafts",
                                   "Decode steps that drafted at least one token", registry=r)
         self.num_draft_tokens = Counter("specdec:spec_decode_num_draft_tokens", "Drafted tokens",

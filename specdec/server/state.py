@@ -21,6 +21,7 @@ class ServerSettings:
     max_queue: int = 64  # requests waiting for the engine; more -> 429
     max_tokens_limit: int | None = 4096  # largest max_tokens accepted (None: the context window)
     max_body_bytes: int = MAX_BODY_BYTES
+    max_batch: int = 1  # > 1: continuous batching of up to this many sequences (BatchEngine)
 
 
 @dataclass
@@ -37,7 +38,7 @@ class ServerState:
     def build(cls, decoder: SpecDecoder, settings: ServerSettings) -> ServerState:
         served_name = settings.model_name or decoder.target_path.name
         metrics = Metrics(max_positions=decoder.max_draft_tokens)
-        worker = EngineWorker(decoder, settings.max_queue, metrics)
+        worker = EngineWorker(decoder, settings.max_queue, metrics, settings.max_batch)
         parser = RequestParser(decoder, served_name, settings.max_tokens_limit,
                                ChatTemplate.from_tokenizer_config(decoder.tokenizer.config))
         return cls(decoder, settings, served_name, metrics, worker, parser)

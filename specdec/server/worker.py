@@ -8,16 +8,24 @@ handlers never block the event loop.
 
 Cancellation: a handler that sees its client go away calls job.cancel(). The worker checks
 the flag between decode steps (each StreamChunk is one step), closes the generator and moves
-on; a job cancelled while still queued is skipped without touching the model."""
+on; a job cancelled while still queued is skipped without touching the model.
+
+With max_batch > 1 (`--max-batch N`) the thread runs a BatchEngine instead (continuous
+batching: one target pass serves every running choice). A job's choices take slots as they
+free; the next job leaves the queue only when a slot is free and the previous job's choices
+all have one, so the queue still fills and answers 429. A cancelled job's sequences leave the
+batch before the next step."""
 from __future__ import annotations
 
 import asyncio
 import logging
 import queue
 import threading
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
+from specdec.batch_engine import BATCHED_METHODS
 from specdec.errors import SpecdecError
 from specdec.server.errors import ApiError
 
@@ -72,11 +80,27 @@ class QueueFull(Exception):
     pass
 
 
+@dataclass
+class RunningJob:
+    """A job in the batch: its choices waiting for a slot and its sequences in the batch."""
+    job: Job
+    waiting: deque = field(default_factory=deque)  # (index, sampling) not yet in the batch
+    running: dict = field(default_factory=dict)  # id(seq) -> (seq, index)
+
+
 class EngineWorker:
-    def __init__(self, decoder, max_queue: int, metrics):
+    def __init__(self, decoder, max_queue: int, metrics, max_batch: int = 1):
         self.decoder = decoder
         self.metrics = metrics
         self.max_queue = max_queue
+        self.max_batch = max_batch
+        self.batch = None
+        if max_batch > 1:
+            if decoder.method not in BATCHED_METHODS:
+                raise SpecdecError(f"--max-batch > 1 batches the methods {', '.join(BATCHED_METHODS)}; "
+                                   f"this server's method is {decoder.method!r}")
+            self.batch = decoder.batch_engine(max_batch)
+        self._jobs: list[RunningJob] = []  # batched mode: jobs in the batch, in arrival order
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -102,6 +126,8 @@ class EngineWorker:
         current = self._current
         if current is not None:
             current.cancel()
+        for running in list(self._jobs):
+            running.job.cancel()
         while True:  # answer what is still queued
             try:
                 job = self.queue.get_nowait()
@@ -128,6 +154,9 @@ class EngineWorker:
 
     # ---- the thread ----
     def _run(self) -> None:
+        if self.batch is not None:
+            self._run_batched()
+            return
         while not self._stop.is_set():
             job = self.queue.get()
             if job is None:
@@ -173,3 +202,86 @@ class EngineWorker:
                 gen.close()
         if job.cancelled:
             self.metrics.requests_cancelled.inc()
+
+    # ---- batched mode ----
+    def _run_batched(self) -> None:
+        while not self._stop.is_set() or self._jobs:
+            try:
+                self._drop_cancelled()
+                self._admit(block=not self._jobs)
+                if len(self.batch):
+                    self.metrics.batch_size.observe(len(self.batch))
+                    self._deliver(self.batch.step())
+            except Exception:  # noqa: BLE001 - a bug must not kill the only worker
+                log.exception("batched generation failed")
+                for running in list(self._jobs):
+                    self._end(running, ApiError(500, "internal error during generation", code="internal_error"))
+                for entry in list(self.batch.entries):
+                    self.batch.cancel(entry.seq)
+
+    def _admit(self, block: bool) -> None:
+        """Give free slots to waiting choices, taking the next job from the queue only when
+        the jobs already admitted have all their choices in the batch."""
+        while self.batch.free_slots:
+            running = next((r for r in self._jobs if r.waiting), None)
+            if running is None:
+                if self._stop.is_set():
+                    return
+                try:
+                    job = self.queue.get(timeout=0.5) if block and not self._jobs else self.queue.get_nowait()
+                except queue.Empty:
+                    return
+                if job is None:
+                    continue
+                if job.cancelled:
+                    self.metrics.requests_cancelled.inc()
+                    job.post(Event("end"))
+                    continue
+                self.metrics.num_requests_running.inc()
+                self.metrics.prompt_tokens.inc(len(job.prompt_ids))
+                running = RunningJob(job, deque(enumerate(job.samplings)))
+                self._jobs.append(running)
+            index, sampling = running.waiting.popleft()
+            try:
+                seq = self.batch.add(running.job.prompt_ids, self.decoder.sampling_params(**sampling))
+            except SpecdecError as e:
+                self._end(running, ApiError(400, str(e)))
+                continue
+            running.running[id(seq)] = (seq, index)
+
+    def _deliver(self, events) -> None:
+        owners = {key: running for running in self._jobs for key in running.running}
+        for event in events:
+            running = owners.get(id(event.seq))
+            if running is None:
+                continue
+            seq, index = running.running[id(event.seq)]
+            for chunk in self.batch.stream_chunks(event):
+                if chunk.token_ids:
+                    self.metrics.generation_tokens.inc(len(chunk.token_ids))
+                if chunk.result is not None:
+                    self.metrics.record_generation(chunk.result)
+                    running.job.post(Event("done", index, chunk.text, chunk.token_ids, chunk.result))
+                    del running.running[id(seq)]
+                elif running.job.stream and (chunk.text or chunk.token_logprobs or chunk.prompt_logprobs):
+                    running.job.post(Event("chunk", index, chunk.text, chunk.token_ids, chunk=chunk))
+            if not running.running and not running.waiting:
+                self._end(running)
+
+    def _drop_cancelled(self) -> None:
+        for running in list(self._jobs):
+            if running.job.cancelled:
+                self.metrics.requests_cancelled.inc()
+                self._end(running)
+
+    def _end(self, running: RunningJob, error: ApiError | None = None) -> None:
+        """The job is over (done, cancelled or failed): its sequences leave the batch."""
+        for seq, _ in running.running.values():
+            self.batch.cancel(seq)
+        running.running.clear()
+        running.waiting.clear()
+        self._jobs.remove(running)
+        self.metrics.num_requests_running.dec()
+        if error is not None:
+            running.job.post(Event("error", error=error))
+        running.job.post(Event("end"))

@@ -1,0 +1,117 @@
+"""Batched passes of the native model: one forward over the running sequences of a batch,
+each in its own KV-cache slot with its own positions and its own number of new tokens.
+
+Decoding is bound by reading the weights, so one pass over the rows of B sequences costs far
+less than B passes. Rows are padded to the widest slot; a mask keeps every row to its own
+slot's keys (one slot per batch row of the cache) and to its causal prefix, and padding rows
+are never written to the cache. In exact mode a slot's rows each attend alone over exactly
+their keys (exact.attend_alone) and every projection is row-invariant, so each row gets the
+bits a 1-token single-sequence pass gives it, whatever else is in the batch."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specdec.cache import BatchKVCache
+from specdec.models.exact import attend_alone
+from specdec.models.llama import Attention, LlamaModel, project, rotate_half
+from specdec.models.runner import tensor_bytes
+
+# (slots attending with the shared mask, [(slot, row, key count)] attending alone)
+ExactRows = tuple[list[int], list[tuple[int, int, int]]]
+
+
+def _attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+               cache: BatchKVCache, layer: int, exact_rows: ExactRows | None, exact: bool) -> torch.Tensor:
+    B, T, _ = x.shape
+    if attn.qkv is not None:
+        q, k, v = attn.qkv(x, exact)
+    else:
+        q, k, v = (project(p, x, exact) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+    q = q.view(B, T, attn.nh, attn.hd).transpose(1, 2)
+    k = k.view(B, T, attn.nkv, attn.hd).transpose(1, 2)
+    v = v.view(B, T, attn.nkv, attn.hd).transpose(1, 2)
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    k, v = cache.update(layer, k, v)
+    gqa = attn.nkv != attn.nh
+    if exact_rows is None:
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    else:
+        shared, alone = exact_rows
+        y = torch.zeros_like(q)
+        if shared:
+            idx = torch.tensor(shared, device=q.device)
+            y[idx] = F.scaled_dot_product_attention(q[idx], k[idx], v[idx], attn_mask=mask[idx], enable_gqa=gqa)
+        for b, t, keys in alone:
+            y[b:b + 1, :, t:t + 1] = attend_alone(q[b:b + 1, :, t:t + 1], k[b:b + 1], v[b:b + 1], keys, gqa)
+    return project(attn.o_proj, y.transpose(1, 2).reshape(B, T, attn.nh * attn.hd), exact)
+
+
+def batch_forward(model: LlamaModel, ids: list[list[int]], cache: BatchKVCache,
+                  exact: list[bool] | None = None) -> torch.Tensor:
+    """Append ids[b] to slot b of the cache for b in [0, len(ids)) in one pass; return logits
+    [len(ids), T, V], T the longest row list (row t of slot b is valid for t < len(ids[b])).
+    exact[b]: slot b's rows are computed as 1-token passes would compute them."""
+    n, widths = len(ids), [len(r) for r in ids]
+    T, device = max(widths), model.device
+    starts = torch.tensor(cache.lengths[:n], device=device)
+    end = cache.begin_pass(widths)
+    padded = torch.zeros(n, T, dtype=torch.long, device=device)
+    for b, row in enumerate(ids):
+        padded[b, :len(row)] = torch.tensor(row, dtype=torch.long)
+    positions = starts[:, None] + torch.arange(T, device=device)  # padding rows: finite, never read
+    cos, sin = model.rope(positions, model.dtype, device)
+    mask = (torch.arange(end, device=device) <= positions[:, :, None])[:, None]  # [n, 1, T, end]
+    any_exact = exact is not None and any(exact)
+    exact_rows = None
+    if any_exact:
+        lengths = cache.lengths
+        exact_rows = ([b for b in range(n) if not exact[b]],
+                      [(b, t, lengths[b] + t + 1) for b in range(n) if exact[b] for t in range(widths[b])])
+    x = model.model.embed_tokens(padded)
+    for i, layer in enumerate(model.model.layers):
+        x = x + _attention(layer.self_attn, layer.input_layernorm(x), cos, sin, mask, cache, i, exact_rows, any_exact)
+        x = x + layer.mlp(layer.post_attention_layernorm(x), any_exact)
+    cache.end_pass(widths)
+    return project(model.lm_head, model.model.norm(x), any_exact)
+
+
+class BatchRunner:
+    """The target of a batched engine: a native model (shared with the single-sequence
+    NativeRunner, already fused) and a KV cache of max_batch slots."""
+
+    def __init__(self, model: LlamaModel, max_batch: int, max_len: int):
+        c = model.config
+        self.model = model
+        self.max_batch = max_batch
+        self.max_len = max_len
+        self.vocab_size = c.vocab_size
+        self.cache = BatchKVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len,
+                                  model.dtype, model.device, max_batch)
+
+    def length(self, slot: int) -> int:
+        return self.cache.lengths[slot]
+
+    @torch.inference_mode()
+    def extend(self, ids: list[list[int]], exact: list[bool] | None = None) -> list[torch.Tensor]:
+        """One pass over slots [0, len(ids)); per slot the logits [len(ids[b]), V] of its rows."""
+        logits = batch_forward(self.model, ids, self.cache, exact)
+        return [logits[b, :len(row)] for b, row in enumerate(ids)]
+
+    @torch.inference_mode()
+    def extend_slot(self, slot: int, ids: list[int], exact: bool = False) -> torch.Tensor:
+        """A single-sequence pass on one slot (a prefill chunk): the very computation
+        NativeRunner.extend does, on that slot's cache. Logits [len(ids), V]."""
+        x = torch.tensor([ids], dtype=torch.long, device=self.model.device)
+        return self.model(x, None, self.cache.slot(slot), exact=exact)[0]
+
+    def rollback(self, slot: int, length: int) -> None:
+        self.cache.rollback(slot, length)
+
+    def move(self, src: int, dst: int) -> None:
+        self.cache.move(src, dst)
+
+    def memory_bytes(self) -> int:
+        """Bytes of the batch cache (the weights are the single runner's)."""
+        return tensor_bytes([*self.cache.keys, *self.cache.values])

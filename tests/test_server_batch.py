@@ -1,0 +1,161 @@
+"""The server with --max-batch > 1 (continuous batching in the worker): concurrent clients,
+streamed or not, get exactly the library's outputs; dropped clients free their slots."""
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
+
+from test_server import API_KEY, AUTH, LiveServer, one_torch_thread  # noqa: E402, F401
+
+import specdec  # noqa: E402
+from specdec.errors import SpecdecError  # noqa: E402
+from specdec.server.app import ServerSettings, create_app  # noqa: E402
+
+from helpers import make_model_dir  # noqa: E402
+
+MODEL = "tiny"
+K = 4
+PROMPTS = ["def add(a, b):", "class Point:", "for i in range(10):", "print(", "héllo wörld", "x = 1"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("server-batch") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    return specdec.load(model_dir)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    decoder = specdec.load(model_dir, model_dir, method="draft", draft_tokens=K)
+    live = LiveServer(create_app(decoder, ServerSettings(model_name=MODEL, api_key=API_KEY, max_batch=4)))
+    yield live
+    live.stop()
+
+
+def test_concurrent_clients_get_the_library_outputs(server, reference):
+    """16 clients at once (half streamed, mixed max_tokens, one with a stop string, one seeded
+    with n=3) against a 4-slot batch: every choice is what the library gives alone."""
+    cases = []
+    for i in range(16):
+        body = {"model": MODEL, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 6 + 3 * (i % 5), "temperature": 0}
+        if i == 5:
+            body["stop"] = [reference.generate(body["prompt"], max_new_tokens=body["max_tokens"]).text[3:5]]
+        if i == 7:
+            body.update(temperature=0.9, seed=11, n=3)
+        cases.append(body)
+
+    def want(body) -> list[str]:
+        kw = dict(max_new_tokens=body["max_tokens"], temperature=body["temperature"], stop=body.get("stop"))
+        return [reference.generate(body["prompt"], **kw, seed=None if "seed" not in body else body["seed"] + i).text
+                for i in range(body.get("n", 1))]
+
+    def one(i):
+        body = cases[i]
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as c:
+            if i % 2:
+                texts = [""] * body.get("n", 1)
+                with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                    assert r.status_code == 200
+                    lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+                assert lines[-1] == "data: [DONE]"
+                for ln in lines[:-1]:
+                    choice = json.loads(ln[6:])["choices"][0]
+                    texts[choice["index"]] += choice["text"]
+                return texts
+            r = c.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+            return [ch["text"] for ch in sorted(r.json()["choices"], key=lambda ch: ch["index"])]
+
+    before = server.wait_idle()
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(one, range(16)))
+    assert got == [want(body) for body in cases]
+    after = server.wait_idle()
+    steps = after["specdec:batch_size_count"] - before.get("specdec:batch_size_count", 0)
+    sequences = after["specdec:batch_size_sum"] - before.get("specdec:batch_size_sum", 0)
+    assert steps > 0 and sequences / steps > 1.5  # the steps really were shared
+
+
+def test_dropped_streams_free_their_slots(server, reference):
+    before = server.wait_idle()
+    body = {"model": MODEL, "prompt": "x = 1", "max_tokens": 200, "temperature": 0, "stream": True}
+
+    def drop(_):
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as c:
+            with c.stream("POST", "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                next(r.iter_raw())  # the first chunk, then hang up
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(drop, range(24)))
+    t0 = time.monotonic()
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=5) as c:
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0})
+    assert r.status_code == 200 and time.monotonic() - t0 < 5
+    assert r.json()["choices"][0]["text"] == reference.generate(PROMPTS[0], max_new_tokens=12).text
+    after = server.wait_idle(5)
+    assert after["specdec:requests_cancelled_total"] - before["specdec:requests_cancelled_total"] >= 20
+    generated = after["specdec:generation_tokens_total"] - before["specdec:generation_tokens_total"]
+    assert generated < 24 * 200 / 2
+    assert len(server.app.state.server.worker.batch) == 0  # every slot is free again
+
+
+def test_unbatched_method_is_refused(model_dir, tmp_path):
+    from helpers import make_medusa_dir
+
+    decoder = specdec.load(model_dir, make_medusa_dir(tmp_path / "medusa", model_dir), method="medusa")
+    with pytest.raises(SpecdecError, match="max-batch"):
+        create_app(decoder, ServerSettings(max_batch=2))
+
+
+def test_serve_cli_max_batch(capsys):
+    from specdec.cli import build_parser, main
+
+    assert build_parser().parse_args(["serve"]).max_batch == 1
+    assert build_parser().parse_args(["serve", "--max-batch", "8"]).max_batch == 8
+    assert main(["serve", "--max-batch", "0"]) == 2
+    assert "--max-batch" in capsys.readouterr().err
+
+
+def test_full_batch_leaves_jobs_queued(model_dir):
+    """A job leaves the queue only when a slot is free and the jobs before it have all their
+    choices in the batch, so a full batch lets the queue fill (and the server answer 429)."""
+    import asyncio
+
+    from specdec.server.metrics import Metrics
+    from specdec.server.worker import EngineWorker, Job, QueueFull
+
+    decoder = specdec.load(model_dir, calibrate=False)
+    worker = EngineWorker(decoder, max_queue=1, metrics=Metrics(), max_batch=2)
+    loop = asyncio.new_event_loop()
+    try:
+        ids = decoder.tokenizer.encode("def add")
+        first = Job(ids, [{"max_new_tokens": 50}] * 3, False, loop)  # n = 3 choices
+        second = Job(ids, [{"max_new_tokens": 50}], False, loop)
+        worker.submit(first)
+        worker._admit(block=False)
+        assert len(worker.batch) == 2 and len(worker._jobs[0].waiting) == 1
+        worker.submit(second)
+        with pytest.raises(QueueFull):
+            worker.submit(Job(ids, [{}], False, loop))
+        worker._deliver(worker.batch.step())
+        worker._admit(block=False)
+        assert worker.queue.qsize() == 1  # no free slot: the second job still waits
+        first.cancel()
+        worker._drop_cancelled()
+        worker._admit(block=False)
+        assert worker.queue.qsize() == 0 and len(worker.batch) == 1 and worker._jobs[0].job is second
+    finally:
+        loop.close()
