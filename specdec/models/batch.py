@@ -21,6 +21,21 @@ from specdec.models.runner import tensor_bytes
 ExactRows = tuple[list[int], list[tuple[int, int, int]]]
 
 
+SMALL_PASS_ROWS = 16  # decode and verify passes: attend_masked; wider (prefill chunks): SDPA
+
+
+def attend_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q [B, nh, T, hd] over k, v [B, nkv, L, hd] where mask [B, 1, T, L] allows, in at least
+    float32: for a few query rows per slot SDPA's CPU kernel is slow (exact.attend_row)."""
+    B, nh, T, hd = q.shape
+    nkv = k.shape[1]
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    scores = q.reshape(B, nkv, nh // nkv * T, hd).to(dtype) @ k.to(dtype).transpose(-1, -2)
+    scores = (scores * hd ** -0.5).view(B, nkv, nh // nkv, T, -1).masked_fill(~mask[:, :, None], float("-inf"))
+    out = scores.softmax(-1).view(B, nkv, nh // nkv * T, -1) @ v.to(dtype)
+    return out.view(B, nh, T, hd).to(q.dtype)
+
+
 def _attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                cache: BatchKVCache, layer: int, exact_rows: ExactRows | None, exact: bool) -> torch.Tensor:
     B, T, _ = x.shape
@@ -35,7 +50,9 @@ def _attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     k = k * cos + rotate_half(k) * sin
     k, v = cache.update(layer, k, v)
     gqa = attn.nkv != attn.nh
-    if exact_rows is None:
+    if exact_rows is None and T <= SMALL_PASS_ROWS:
+        y = attend_masked(q, k, v, mask)
+    elif exact_rows is None:
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     else:
         shared, alone = exact_rows
