@@ -95,7 +95,7 @@ def test_errors_are_counted_not_fatal(server, model_dir):
     assert "context window" in report.error_samples[0]
 
 
-def test_wrong_key_and_unreachable_server_are_errors():
+def test_unreachable_server_requests_are_errors():
     report, _ = run_level(Endpoint("http://127.0.0.1:9", MODEL), PROMPTS, LoadSpec(max_tokens=2, timeout=5), 2, 3)
     assert report.errors == 3 and report.completed == 0 and report.output_tokens == 0
     assert report.tokens_per_second == 0 and report.ttft_p50_ms is None
@@ -299,3 +299,35 @@ def test_batched_running_waiting_and_queue_time(model_dir):
         assert read()["specdec:num_requests_running"] == 0
     finally:
         loop.close()
+
+
+# ---------------------------------------------------------------- servers started by the command
+
+def test_started_servers(model_dir, tmp_path, capsys, monkeypatch):
+    """`specdec serve` started in a subprocess (and llama-server on a GGUF of the same weights
+    when a llama.cpp build is found), measured one after the other."""
+    from specdec.llama_cpp import find_llama_server
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "r.json"
+    args = ["bench-serve", "--target", str(model_dir), "--specdec-methods", "none", "--max-batch", "2",
+            "--threads", "1", "--prompt", PROMPTS[0], "--concurrency", "2", "--requests", "3", "--max-tokens", "4",
+            "--json", str(out)]
+    llama = find_llama_server() is not None
+    if llama:
+        args += ["--llama-configs", "none", "--llama-parallel", "2", "--llama-ctx-per-slot", "128"]
+    assert main(args) == 0
+    data = json.loads(out.read_text())
+    names = [t["name"] for t in data["targets"]]
+    assert names == ["specdec-none b2"] + (["llama.cpp np2"] if llama else [])
+    assert all(lv["completed"] == 3 and lv["output_tokens"] == 12 for lv in data["levels"])
+    assert data["targets"][0]["model"] == "specdec-none"
+    assert ("llama.cpp np2" in capsys.readouterr().out) == llama
+
+
+def test_started_server_failure_is_reported(model_dir, capsys):
+    args = ["bench-serve", "--target", str(model_dir), "--specdec-methods", "none", "--prompt", "x",
+            "--serve-args", "--max-len 1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "specdec serve exited with status 2" in err and "--max-len must be >= 2" in err
