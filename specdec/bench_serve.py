@@ -27,6 +27,8 @@ from specdec.llama_cpp import ENV_VAR, SPEC_ARGS, LlamaServer, find_llama_server
 from specdec.prompts import CHAT_TASKS, TASKS, build_suite, render_chat
 from specdec.serve_load import APIS, Endpoint, LevelReport, LoadSpec, run_level, served_model
 
+# llama.cpp configurations: llama_cpp.SPEC_ARGS, and a draft model (--draft or --llama-draft-gguf)
+LLAMA_CONFIGS = (*SPEC_ARGS, "draft")
 STARTUP_SECONDS = 900.0  # loading and calibrating a model, or writing a GGUF, can take minutes
 API_KEY_ENV = "OPENAI_API_KEY"
 
@@ -137,8 +139,10 @@ def check_args(args: argparse.Namespace) -> None:
         if m not in ("none", "ngram", "draft", "medusa", "eagle"):
             raise SpecdecError(f"unknown specdec method {m!r} in --specdec-methods")
     for c in _names(args.llama_configs):
-        if c not in SPEC_ARGS:
-            raise SpecdecError(f"unknown llama.cpp configuration {c!r}; choose from {', '.join(SPEC_ARGS)}")
+        if c not in LLAMA_CONFIGS:
+            raise SpecdecError(f"unknown llama.cpp configuration {c!r}; choose from {', '.join(LLAMA_CONFIGS)}")
+    if "draft" in _names(args.llama_configs) and not (args.draft or args.llama_draft_gguf):
+        raise SpecdecError("--llama-configs draft needs a draft model: --draft or --llama-draft-gguf")
     if args.max_batch < 1 or (args.llama_parallel is not None and args.llama_parallel < 1):
         raise SpecdecError("--max-batch and --llama-parallel must be >= 1")
     if args.llama_ctx_per_slot < 16:
@@ -152,8 +156,9 @@ def check_args(args: argparse.Namespace) -> None:
             raise SpecdecError("--extra-body must be a JSON object")
     if not (args.url or _names(args.specdec_methods) or _names(args.llama_configs)):
         raise SpecdecError("nothing to measure: give --url, --specdec-methods or --llama-configs")
-    if args.llama_cpp_gguf and not Path(args.llama_cpp_gguf).is_file():
-        raise SpecdecError(f"--llama-cpp-gguf {args.llama_cpp_gguf!r} is not a file")
+    for flag, path in (("--llama-cpp-gguf", args.llama_cpp_gguf), ("--llama-draft-gguf", args.llama_draft_gguf)):
+        if path and not Path(path).is_file():
+            raise SpecdecError(f"{flag} {path!r} is not a file")
 
 
 def load_prompts(args: argparse.Namespace) -> list:
@@ -202,18 +207,27 @@ def build_targets(args: argparse.Namespace, shared: ExitStack) -> list[Target]:
         parallel = args.llama_parallel or max(args.concurrency_levels)
         gguf: dict = {}
 
-        def start_llama(stack, config):
-            if "path" not in gguf:  # written once, shared by every configuration
-                if args.llama_cpp_gguf:
-                    gguf["path"] = Path(args.llama_cpp_gguf)
+        def written(key: str, given: str | None, model: str) -> Path:
+            """A GGUF of `model` in --dtype, written once and shared by every configuration."""
+            if key not in gguf:
+                if given:
+                    gguf[key] = Path(given)
                 else:
                     from specdec.bench_peers import llama_cpp_gguf
 
                     folder = Path(shared.enter_context(tempfile.TemporaryDirectory(prefix="specdec-bench-serve-")))
-                    gguf["path"] = llama_cpp_gguf(args.target or DEFAULT_TARGET, args.dtype, folder)
-            server = LlamaServer(binary, gguf["path"], args.threads or os.cpu_count() or 1,
-                                 parallel * args.llama_ctx_per_slot, config, startup_seconds=STARTUP_SECONDS,
-                                 parallel=parallel, extra_args=("--cont-batching",))
+                    gguf[key] = llama_cpp_gguf(model, args.dtype, folder)
+            return gguf[key]
+
+        def start_llama(stack, config):
+            model = written("target", args.llama_cpp_gguf, args.target or DEFAULT_TARGET)
+            extra = ("--cont-batching",)
+            if config == "draft":
+                draft = written("draft", args.llama_draft_gguf, args.draft)
+                extra += ("--spec-type", "draft-simple", "-md", str(draft))
+            server = LlamaServer(binary, model, args.threads or os.cpu_count() or 1, parallel * args.llama_ctx_per_slot,
+                                 "none" if config == "draft" else config, startup_seconds=STARTUP_SECONDS,
+                                 parallel=parallel, extra_args=extra)
             return f"http://127.0.0.1:{stack.enter_context(server).port}"
 
         for config in configs:
@@ -221,8 +235,9 @@ def build_targets(args: argparse.Namespace, shared: ExitStack) -> list[Target]:
             # cache_prompt off: every request pays for its prompt, as on specdec's server; top_k and
             # min_p off: llama.cpp's default chain would filter sampled tokens (T > 0)
             body = {**extra, "cache_prompt": False, "top_k": 0, "min_p": 0.0}
+            spec = ["--spec-type", "draft-simple", "-md", "DRAFT"] if config == "draft" else SPEC_ARGS[config]
             targets.append(Target(name, extra_body=body, start=lambda stack, c=config: start_llama(stack, c),
-                                  command=["llama-server", "-np", str(parallel), *SPEC_ARGS[config]]))
+                                  command=["llama-server", "-np", str(parallel), *spec]))
     return targets
 
 
@@ -335,7 +350,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         if _names(args.llama_configs):
             binary = find_llama_server(args.llama_cpp)
             llama = {"server": str(binary), "version": server_version(binary), "gguf": args.llama_cpp_gguf
-                     or f"target written as GGUF in {args.dtype}"}
+                     or f"target written as GGUF in {args.dtype}", "draft_gguf": args.llama_draft_gguf or args.draft}
         out = {"config": config, "llama_cpp": llama,
                "targets": [{"name": t.name, "url": t.url, "model": t.model, "command": t.command} for t in targets],
                "levels": [asdict(r) for r in reports]}
@@ -376,10 +391,13 @@ def add_parser(sub) -> None:
     g.add_argument("--max-batch", type=int, default=16, help="specdec serve --max-batch (default 16)")
     g.add_argument("--max-len", type=int, default=None, help="specdec serve --max-len (bounds its batch KV cache)")
     g.add_argument("--serve-args", help="more `specdec serve` arguments, one string (e.g. '--quantize int8')")
-    g.add_argument("--llama-configs", help=f"start llama-server for each of these: {', '.join(SPEC_ARGS)}")
+    g.add_argument("--llama-configs", help=f"start llama-server for each of these: {', '.join(LLAMA_CONFIGS)} "
+                                           "(draft: --draft as the draft model)")
     g.add_argument("--llama-cpp", metavar="DIR", help=f"llama.cpp build folder (default: ${ENV_VAR}, else PATH)")
     g.add_argument("--llama-cpp-gguf", metavar="FILE", help="GGUF for llama-server (default: --target written "
                                                             "as GGUF in --dtype: the same weights)")
+    g.add_argument("--llama-draft-gguf", metavar="FILE", help="draft GGUF for --llama-configs draft (default: "
+                                                              "--draft written as GGUF in --dtype)")
     g.add_argument("--llama-parallel", type=int, default=None,
                    help="llama-server --parallel slots (default: the largest --concurrency)")
     g.add_argument("--llama-ctx-per-slot", type=int, default=2048, help="context per llama-server slot (default 2048)")

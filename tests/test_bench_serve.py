@@ -191,6 +191,8 @@ def test_cli_failures_exit_code(server, capsys):
     (["--llama-configs", "turbo"], "unknown llama.cpp configuration"),
     (["--llama-configs", "none", "--llama-cpp", "/nonexistent"], "no executable llama-server"),
     (["--llama-configs", "none", "--llama-cpp-gguf", "/nonexistent.gguf"], "is not a file"),
+    (["--llama-configs", "draft"], "needs a draft model"),
+    (["--llama-configs", "draft", "--llama-draft-gguf", "/nonexistent.gguf"], "--llama-draft-gguf"),
 ])
 def test_bad_arguments(args, message, capsys):
     assert main(["bench-serve", "--prompt", "x", *args]) == 2
