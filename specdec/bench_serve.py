@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,7 +43,7 @@ class Target:
     model: str | None = None
     api_key: str | None = None
     extra_body: dict = field(default_factory=dict)
-    start: object = None  # a callable(stack) -> url, for servers this command starts
+    start: Callable[[ExitStack], str] | None = None  # starts a server this command runs; -> its URL
     command: list[str] | None = None
 
 
