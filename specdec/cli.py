@@ -1,4 +1,4 @@
-"""Command-line interface: generate, chat, models, bench, verify, train, serve, convert. Each subcommand
+"""Command-line interface: generate, chat, models, bench, bench-serve, verify, train, serve, convert. Each subcommand
 module registers itself here with an add_parser(sub) call; shared options live in
 specdec.cli_common."""
 from __future__ import annotations
@@ -93,7 +93,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specdec import bench, chat_cli, convert, lossless_check
+    from specdec import bench, bench_serve, chat_cli, convert, lossless_check
     from specdec.server import cli as server_cli
     from specdec.train import cli as train_cli
 
@@ -117,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_models)
 
     bench.add_parser(sub)
+    bench_serve.add_parser(sub)
     lossless_check.add_parser(sub)
     train_cli.add_parser(sub)
     server_cli.add_parser(sub)  # the web packages are imported only when `serve` runs

@@ -11,7 +11,7 @@ from specdec.errors import SpecdecError
 # extra -> what it brings (mirrors pyproject.toml's [project.optional-dependencies])
 EXTRAS = {
     "hf": ("transformers",),
-    "bench": ("matplotlib", "scipy", "rich", "transformers"),
+    "bench": ("httpx", "matplotlib", "scipy", "rich", "transformers"),
     "train": ("rich",),
     "gguf": ("gguf", "transformers"),
     "server": ("fastapi", "uvicorn", "prometheus_client", "jinja2"),

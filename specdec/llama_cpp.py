@@ -83,11 +83,13 @@ class LlamaServer:
     """A llama-server process on one GGUF; use as a context manager (start/stop)."""
 
     def __init__(self, binary: str | Path, gguf: str | Path, threads: int, ctx: int = 4096,
-                 spec: str = "none", extra_args: tuple[str, ...] = (), startup_seconds: float = 120.0):
+                 spec: str = "none", extra_args: tuple[str, ...] = (), startup_seconds: float = 120.0,
+                 parallel: int = 1):
         if spec not in SPEC_ARGS:
             raise SpecdecError(f"unknown llama.cpp configuration {spec!r}; choose from {', '.join(SPEC_ARGS)}")
         self.binary, self.gguf, self.spec = Path(binary), Path(gguf), spec
         self.threads, self.ctx, self.startup_seconds = threads, ctx, startup_seconds
+        self.parallel = parallel  # slots (-np): requests decoded together; each gets ctx / parallel
         self.extra_args = tuple(extra_args)  # e.g. ("-fa", "off", "-ctk", "f32", "-ctv", "f32")
         self.process: subprocess.Popen | None = None
         self.port = 0
@@ -95,7 +97,7 @@ class LlamaServer:
 
     def command(self) -> list[str]:
         return [str(self.binary), "-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(self.port),
-                "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.ctx), "-np", "1",
+                "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.ctx), "-np", str(self.parallel),
                 "--no-webui", *SPEC_ARGS[self.spec], *self.extra_args]
 
     def start(self) -> LlamaServer:

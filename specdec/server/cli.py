@@ -28,6 +28,9 @@ def add_parser(sub) -> None:
     s.add_argument("--max-batch", type=int, default=1,
                    help="sequences decoded together (continuous batching; methods none, ngram, draft); "
                         "1 = one generation at a time (default)")
+    s.add_argument("--max-len", type=int, default=None,
+                   help="longest context (prompt + completion) a request may use; bounds the KV cache, "
+                        "which --max-batch multiplies (default: the model's window)")
     s.add_argument("--max-tokens-limit", type=int, default=4096,
                    help="largest max_tokens a request may ask for (default 4096)")
     s.add_argument("--model-name", default=None,
@@ -44,6 +47,8 @@ def check_args(args) -> None:
         raise SpecdecError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.max_batch < 1:
         raise SpecdecError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.max_len is not None and args.max_len < 2:
+        raise SpecdecError(f"--max-len must be >= 2, got {args.max_len}")
     if args.max_tokens_limit < 1:
         raise SpecdecError(f"--max-tokens-limit must be >= 1, got {args.max_tokens_limit}")
     if args.model_name is not None and not args.model_name.strip():
@@ -62,7 +67,7 @@ def cmd_serve(args) -> int:
     from specdec.server.app import ServerSettings, create_app
 
     api_key = args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
-    decoder = load_decoder(args)
+    decoder = load_decoder(args, max_len=args.max_len)
     settings = ServerSettings(model_name=args.model_name, api_key=api_key, max_queue=args.max_queue,
                               max_tokens_limit=args.max_tokens_limit, max_batch=args.max_batch)
     app = create_app(decoder, settings)

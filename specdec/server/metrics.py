@@ -10,6 +10,11 @@ Exposed names (prometheus-client adds `_total` to counters itself):
   specdec:num_requests_running                          requests the engine is working on
   specdec:num_requests_waiting                          requests queued for the engine
   specdec:batch_size                                    sequences per batched step (--max-batch > 1)
+  specdec:request_queue_time_seconds                    time from submission until the engine takes
+                                                        the request (histogram; dropped ones excluded)
+  specdec:request_accepted_length                       per finished choice of a speculative server:
+                                                        tokens per target pass (histogram; 1 = no
+                                                        draft kept)
 Speculative decoding, named like vLLM's, from finished choices:
   specdec:spec_decode_num_drafts_total                  decode steps that drafted >= 1 token
   specdec:spec_decode_num_draft_tokens_total            drafted tokens
@@ -22,6 +27,7 @@ from __future__ import annotations
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+ACCEPTED_LENGTH_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -57,6 +63,12 @@ class Metrics:
                                           "Requests waiting in the queue", registry=r)
         self.batch_size = Histogram("specdec:batch_size", "Sequences in each batched decode step",
                                     buckets=BATCH_BUCKETS, registry=r)
+        self.queue_time = Histogram("specdec:request_queue_time_seconds",
+                                    "Time a request waited in the queue before the engine took it",
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.accepted_length = Histogram("specdec:request_accepted_length",
+                                         "Tokens per target pass of each finished choice (speculative methods)",
+                                         buckets=ACCEPTED_LENGTH_BUCKETS, registry=r)
         self.num_drafts = Counter("specdec:spec_decode_num_drafts",
                                   "Decode steps that drafted at least one token", registry=r)
         self.num_draft_tokens = Counter("specdec:spec_decode_num_draft_tokens", "Drafted tokens",
@@ -75,6 +87,8 @@ class Metrics:
         """Count one finished choice (called from the worker thread)."""
         stats = result.stats
         self.request_success.labels(finished_reason=result.finish_reason).inc()
+        if stats.speculative and stats.target_forwards:
+            self.accepted_length.observe(stats.mean_accepted_length)
         drafts = sum(1 for k in stats.draft_tokens_per_step if k > 0)
         if drafts:
             self.num_drafts.inc(drafts)

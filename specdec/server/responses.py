@@ -46,6 +46,12 @@ def usage(req: GenerationRequest, results: Sequence[GenerationResult]) -> dict:
             "total_tokens": len(req.prompt_ids) + completion}
 
 
+def running_usage(req: GenerationRequest, completion_tokens: int) -> dict:
+    """`usage` on every stream chunk (stream_options.continuous_usage_stats): tokens so far."""
+    return {"prompt_tokens": len(req.prompt_ids), "completion_tokens": completion_tokens,
+            "total_tokens": len(req.prompt_ids) + completion_tokens}
+
+
 @dataclass(frozen=True)
 class ResponseHeader:
     """What every object of one response shares."""

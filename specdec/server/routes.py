@@ -165,6 +165,13 @@ async def stream_events(job: Job, req: GenerationRequest, head: ResponseHeader):
     """Server-sent events of a streamed job, ending with [DONE]."""
     results = [None] * req.n
     choices = [responses.ChoiceStream(head, req, i) for i in range(req.n)]
+    generated = [0] * req.n  # tokens so far per choice (continuous usage stats)
+
+    def sse(obj: dict) -> str:
+        if req.continuous_usage:
+            obj["usage"] = responses.running_usage(req, sum(generated))
+        return responses.sse(obj)
+
     try:
         while True:
             event = await job.next_event()
@@ -175,18 +182,19 @@ async def stream_events(job: Job, req: GenerationRequest, head: ResponseHeader):
                 continue
             i = event.index
             for obj in choices[i].opening(event.chunk, event.result):
-                yield responses.sse(obj)
+                yield sse(obj)
+            generated[i] = event.generated
             if event.kind == "chunk":
                 for obj in choices[i].step(event.text, event.chunk):
-                    yield responses.sse(obj)
+                    yield sse(obj)
             elif event.kind == "done":
                 results[i] = event.result
                 *objs, last = choices[i].finish(event.text, event.result)
                 for obj in objs:
-                    yield responses.sse(obj)
+                    yield sse(obj)
                 if i == req.n - 1 and not req.include_usage:
                     last["speculative"] = responses.speculative(head.method, [r for r in results if r is not None])
-                yield responses.sse(last)
+                yield sse(last)
         if req.include_usage and all(r is not None for r in results):
             yield responses.sse(responses.usage_chunk(head, req, results))
         yield responses.DONE

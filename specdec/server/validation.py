@@ -81,6 +81,7 @@ class GenerationRequest:
     n: int = 1
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
     sampling: dict = field(default_factory=dict)  # SamplingParams fields except seed
     seed: int | None = None
     user: str | None = None
@@ -164,15 +165,18 @@ def get_logprobs(body: dict, kind: str) -> int | None:
     return (top or 0) if wanted else None
 
 
-def get_stream_options(body: dict, stream: bool) -> bool:
+def get_stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats). The second is vLLM's extension: every chunk
+    carries `usage` with the tokens generated so far, so a client (specdec bench-serve) can
+    count tokens per chunk when a step sends several."""
     opts = body.get("stream_options")
     if opts is None:
-        return False
+        return False, False
     if not isinstance(opts, dict):
         raise bad_request(f"stream_options must be an object, got {describe(opts)}", "stream_options")
     if not stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-    return get_bool(opts, "include_usage", False)
+    return get_bool(opts, "include_usage", False), get_bool(opts, "continuous_usage_stats", False)
 
 
 class RequestParser:
@@ -218,8 +222,10 @@ class RequestParser:
         check_unsupported(body, kind)
         n = get_number(body, N_FIELD.key, N_FIELD.bounds, N_FIELD.default)
         stream = get_bool(body, "stream", False)
-        include_usage = get_stream_options(body, stream)
+        include_usage, continuous_usage = get_stream_options(body, stream)
         sampling = {f.key: get_number(body, f.key, f.bounds, f.default) for f in SAMPLING_FIELDS}
+        if get_bool(body, "ignore_eos", False):  # an extension (vLLM, llama.cpp): benchmarks' fixed lengths
+            sampling["ignore_eos"] = True
         sampling["stop"] = get_stop(body)
         sampling["logit_bias"] = get_logit_bias(body, self.vocab_size)
         logprobs = get_logprobs(body, kind)
@@ -233,7 +239,7 @@ class RequestParser:
                                   "seed_mode")
             sampling["seed_mode"] = seed_mode
         user = get_str(body, "user")
-        return GenerationRequest(kind, [], n, stream, include_usage, sampling, seed, user, logprobs)
+        return GenerationRequest(kind, [], n, stream, include_usage, continuous_usage, sampling, seed, user, logprobs)
 
     def _max_tokens(self, body: dict, req: GenerationRequest, default: int | None, prompt_param: str) -> int:
         prompt_len = len(req.prompt_ids)

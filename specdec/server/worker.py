@@ -21,6 +21,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,7 @@ class Event:
     result: Any = None  # GenerationResult on "done"
     chunk: Any = None  # the StreamChunk of a "chunk" event (its logprobs)
     error: ApiError | None = None
+    generated: int = 0  # tokens this choice has generated so far (posted or not: continuous usage)
 
 
 class Job:
@@ -54,6 +56,8 @@ class Job:
         self._cancelled = threading.Event()
         self.finished = False  # set on the event loop when "end" is delivered
         self.client_gone = False  # set on the event loop when the client disconnected
+        self.queued_at = 0.0  # time.perf_counter() when submitted
+        self.generated = [0] * len(samplings)  # per choice, counted by the worker thread
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -147,6 +151,7 @@ class EngineWorker:
     def submit(self, job: Job) -> None:
         if self._stop.is_set():
             raise ApiError(503, "the server is shutting down", code="shutting_down")
+        job.queued_at = time.perf_counter()
         try:
             self.queue.put_nowait(job)
         except queue.Full:
@@ -166,8 +171,7 @@ class EngineWorker:
                 job.post(Event("end"))
                 continue
             self._current = job
-            self.metrics.num_requests_running.inc()
-            self.metrics.prompt_tokens.inc(len(job.prompt_ids))
+            self._started(job)
             try:
                 self._run_job(job)
             except SpecdecError as e:
@@ -181,6 +185,21 @@ class EngineWorker:
                 self._current = None
                 job.post(Event("end"))
 
+    def _started(self, job: Job) -> None:
+        """The engine takes a job from the queue (and its first choice starts now)."""
+        self.metrics.queue_time.observe(time.perf_counter() - job.queued_at)
+        self.metrics.num_requests_running.inc()
+        self.metrics.prompt_tokens.inc(len(job.prompt_ids))
+
+    def _count(self, job: Job, index: int, chunk) -> int:
+        """Count a chunk's tokens (metrics, and the choice's running total, which a finished
+        choice takes from its result); returns that total."""
+        if chunk.token_ids:
+            self.metrics.generation_tokens.inc(len(chunk.token_ids))
+        total = len(chunk.result.token_ids) if chunk.result is not None else job.generated[index] + len(chunk.token_ids)
+        job.generated[index] = total
+        return total
+
     def _run_job(self, job: Job) -> None:
         for index, sampling in enumerate(job.samplings):
             if job.cancelled:
@@ -188,16 +207,15 @@ class EngineWorker:
             gen = self.decoder.stream(job.prompt_ids, **sampling)
             try:
                 for chunk in gen:
-                    if chunk.token_ids:
-                        self.metrics.generation_tokens.inc(len(chunk.token_ids))
+                    generated = self._count(job, index, chunk)
                     if chunk.result is not None:
                         self.metrics.record_generation(chunk.result)
-                        job.post(Event("done", index, chunk.text, chunk.token_ids, chunk.result))
+                        job.post(Event("done", index, chunk.text, chunk.token_ids, chunk.result, generated=generated))
                         break
                     if job.cancelled:
                         break
                     if job.stream and (chunk.text or chunk.token_logprobs or chunk.prompt_logprobs):
-                        job.post(Event("chunk", index, chunk.text, chunk.token_ids, chunk=chunk))
+                        job.post(Event("chunk", index, chunk.text, chunk.token_ids, chunk=chunk, generated=generated))
             finally:
                 gen.close()
         if job.cancelled:
@@ -237,8 +255,7 @@ class EngineWorker:
                     self.metrics.requests_cancelled.inc()
                     job.post(Event("end"))
                     continue
-                self.metrics.num_requests_running.inc()
-                self.metrics.prompt_tokens.inc(len(job.prompt_ids))
+                self._started(job)
                 running = RunningJob(job, deque(enumerate(job.samplings)))
                 self._jobs.append(running)
             index, sampling = running.waiting.popleft()
@@ -256,15 +273,15 @@ class EngineWorker:
             if running is None:
                 continue
             seq, index = running.running[id(event.seq)]
+            job = running.job
             for chunk in self.batch.stream_chunks(event):
-                if chunk.token_ids:
-                    self.metrics.generation_tokens.inc(len(chunk.token_ids))
+                generated = self._count(job, index, chunk)
                 if chunk.result is not None:
                     self.metrics.record_generation(chunk.result)
-                    running.job.post(Event("done", index, chunk.text, chunk.token_ids, chunk.result))
+                    job.post(Event("done", index, chunk.text, chunk.token_ids, chunk.result, generated=generated))
                     del running.running[id(seq)]
-                elif running.job.stream and (chunk.text or chunk.token_logprobs or chunk.prompt_logprobs):
-                    running.job.post(Event("chunk", index, chunk.text, chunk.token_ids, chunk=chunk))
+                elif job.stream and (chunk.text or chunk.token_logprobs or chunk.prompt_logprobs):
+                    job.post(Event("chunk", index, chunk.text, chunk.token_ids, chunk=chunk, generated=generated))
             if not running.running and not running.waiting:
                 self._end(running)
 
