@@ -43,15 +43,49 @@ from specdec.seeded import PositionNoise, race
 CROSS_VOCAB_MODES = ("auto", "tli", "string")
 
 
-def utf8_prefix_length(data: bytes) -> int:
-    """Length of the longest prefix of data that ends on a whole UTF-8 character."""
-    for cut in range(len(data), max(len(data) - 4, -1), -1):
-        try:
-            data[:cut].decode()
-            return cut
-        except UnicodeDecodeError:
-            continue
+def incomplete_tail(data: bytes) -> int:
+    """Length of a trailing UTF-8 character still missing bytes (a lead byte followed by
+    fewer continuation bytes than it announces): bytes that a later token may complete."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b & 0xC0 == 0x80:
+            continue  # a continuation byte: look further back for its lead byte
+        need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
+        return back if need > back else 0
     return 0
+
+
+def utf8_runs(data: bytes) -> list[tuple[bytes, bool]]:
+    """data cut into runs of valid UTF-8 (True) and of bytes that are not (False)."""
+    runs = []
+    while data:
+        try:
+            data.decode()
+            runs.append((data, True))
+            break
+        except UnicodeDecodeError as e:
+            if e.start:
+                runs.append((data[:e.start], True))
+            runs.append((data[e.start:e.end], False))
+            data = data[e.end:]
+    return runs
+
+
+def valid_prefix(data: bytes) -> str:
+    """The text of data up to its first byte that is not valid UTF-8."""
+    runs = utf8_runs(data)
+    return runs[0][0].decode() if runs and runs[0][1] else ""
+
+
+def shared_distribution(shared_logits: torch.Tensor, vmap: VocabMap,
+                        params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """TLI's proposal: the draft's final distribution over the shared tokens only
+    (temperature and filters applied there, so it sums to 1 on them), as q[j] for shared
+    token j and as a row over the target's vocabulary for the verifier."""
+    q = final_probs(shared_logits[None], params)[0]
+    row = torch.zeros(vmap.target_vocab_size, dtype=q.dtype)
+    row[vmap.target_ids] = q
+    return q, row
 
 
 class CrossVocabProposer:
@@ -69,6 +103,8 @@ class CrossVocabProposer:
         self.draft_pieces = draft_pieces
         self.target_pieces = target_pieces
         self.draft_specials = special_ids(draft_tokenizer)
+        self.byte_tokens = {p[0]: i for i, p in enumerate(draft_pieces)
+                            if p and len(p) == 1 and i not in self.draft_specials}
         self.mode = mode
         self.last_kind = ""  # "tli" or "string": how the last proposal was made (stats)
         self.reset([])
@@ -102,22 +138,42 @@ class CrossVocabProposer:
         self.seen = len(context)
 
     def _encode(self, start: int) -> tuple[list[int], list[int], bool]:
-        """Draft tokens for text[start:] up to its last whole character, their end offsets,
-        and whether an incomplete character is held back."""
+        """Draft tokens for text[start:], their end offsets, and whether an incomplete
+        character at the end is held back. Valid UTF-8 goes through the draft's tokenizer;
+        stray bytes (a target may sample them) become the draft's one-byte tokens."""
         data = bytes(self.text[start:])
-        cut = utf8_prefix_length(data)
-        string = data[:cut].decode()
+        tail = incomplete_tail(data)
+        ids: list[int] = []
+        ends: list[int] = []
+        pos = start
+        for run, valid in utf8_runs(data[:len(data) - tail]):
+            if valid:
+                run_ids, run_ends = self._encode_text(run, pos)
+                ids += run_ids
+                ends += run_ends
+            else:
+                for b in run:
+                    if b in self.byte_tokens:
+                        ids.append(self.byte_tokens[b])
+                        ends.append(pos + 1)
+                    pos += 1
+                continue
+            pos += len(run)
+        return ids, ends, tail > 0
+
+    def _encode_text(self, run: bytes, start: int) -> tuple[list[int], list[int]]:
+        string = run.decode()
         enc = self.draft_tok.encode(string, add_special_tokens=False)
         ids, ends, pos = enc.ids, [], start
-        if b"".join(self.draft_pieces[i] or b"\0?" for i in ids) == data[:cut]:
+        if b"".join(self.draft_pieces[i] or b"\0?" for i in ids) == run:
             for i in ids:
                 pos += len(self.draft_pieces[i])
                 ends.append(pos)
         else:  # unknown characters (a tokenizer without byte fallback): the encoding's offsets
             ends = [start + len(string[:o[1]].encode()) for o in enc.offsets]
             if ends:
-                ends[-1] = start + cut
-        return ids, ends, cut < len(data)
+                ends[-1] = start + len(run)
+        return ids, ends
 
     def _draft_context(self) -> tuple[list[int], list[int], bool]:
         """The draft tokenization of text: cached tokens that still stand for it (accepted
@@ -192,13 +248,11 @@ class CrossVocabProposer:
         end = feed_ends[-1]
         for i in range(k):
             logits = self._feed(feed, feed_ends)
-            shared = logits[vmap.draft_ids]
+            shared = logits[vmap.draft_ids]  # the draft's logits of the shared tokens
             if params.greedy:
                 j = int(shared.argmax())
             else:
-                q = final_probs(shared[None], params)[0]  # temperature and filters over the shared tokens
-                row = torch.zeros(vmap.target_vocab_size, dtype=q.dtype)
-                row[vmap.target_ids] = q
+                q, row = shared_distribution(shared, vmap, params)
                 if noise is not None:  # the race the target's seeded choice at this position runs
                     j = int(vmap.target_index[int(race(row, noise.exponentials(position + i)))])
                 else:
@@ -222,7 +276,7 @@ class CrossVocabProposer:
             text += piece
             end += len(piece)
             feed, feed_ends = [draft_id], [end]
-            string = text[:utf8_prefix_length(text)].decode()
+            string = valid_prefix(text)
             ids = self.target_tok.encode(string, add_special_tokens=False).ids if string else []
             if len(ids) > k:
                 break
