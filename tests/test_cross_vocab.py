@@ -338,3 +338,15 @@ def test_greedy_output_is_plain_decoding_bpe_pair(near_bpe_pair, mode):
         accepted, drafted = assert_identical(target, draft, TEXT_PROMPTS, cross_vocab=mode,
                                              draft_tokens=3)
     assert 0 < accepted < drafted
+
+
+def test_a_batch_decodes_plainly_and_refuses_cross_vocab_drafts(char_pair):
+    """Cross-vocabulary drafts are not batched yet: the batch's default is plain decoding,
+    and asking for draft says what the batch offers."""
+    target, draft = char_pair
+    decoder = specdec.load(target=target, draft=draft, method="draft", dtype="float64", calibrate=False)
+    want = decoder.generate("abc", temperature=0, max_new_tokens=8, ignore_eos=True).token_ids
+    [got] = decoder.generate_batch(["abc"], max_batch=2, temperature=0, max_new_tokens=8, ignore_eos=True)
+    assert got.token_ids == want and got.stats.method == "none"
+    with pytest.raises(SpecdecError, match="not batched here"):
+        decoder.generate_batch(["abc"], [{"method": "draft"}], max_batch=2)
