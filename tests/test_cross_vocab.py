@@ -350,3 +350,38 @@ def test_a_batch_decodes_plainly_and_refuses_cross_vocab_drafts(char_pair):
     assert got.token_ids == want and got.stats.method == "none"
     with pytest.raises(SpecdecError, match="not batched here"):
         decoder.generate_batch(["abc"], [{"method": "draft"}], max_batch=2)
+
+
+@pytest.mark.parametrize("temperature", ["0", "1.0"])
+def test_specdec_verify_checks_a_cross_vocab_pair(char_pair, capsys, temperature):
+    import json
+
+    from specdec.cli import main
+
+    target, draft = char_pair
+    greedy = temperature == "0"
+    code = main(["verify", "--target", str(target), "--draft", str(draft), "--method", "draft", "--prompt", "abcab",
+                 "--temperature", temperature, "--samples", "1" if greedy else "800",
+                 "--tokens", "20" if greedy else "2", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report
+    if greedy:
+        assert report["identical"] == 1
+    else:
+        assert report["drafted_tokens"] > 0 and report["distinct_outcomes"] > 10
+
+
+def test_bench_runs_both_cross_vocab_variants(near_char_pair):
+    from contextlib import ExitStack
+
+    from specdec.bench import make_runner
+
+    target, draft = near_char_pair
+    setup = dict(target=target, draft=draft, dtype="float32", heads={}, draft_tokens=3)
+    tokenizer = TextTokenizer(target)
+    with ExitStack() as stack:
+        for method in ("draft", "draft@tli"):
+            runner = make_runner(method, setup, stack, tokenizer)
+            assert runner.decoder.engine.proposer.mode == ("tli" if method == "draft@tli" else "auto")
+            stats = runner.run("abcab", 0.0, 16, 0)
+            assert stats.new_tokens == 16 and stats.drafted_tokens > 0

@@ -127,7 +127,7 @@ class CrossVocabProposer:
         if prompt_ids:
             self._read(prompt_ids)
             tokens, ends, _ = self._draft_context()
-            if len(tokens) > 1:
+            if 1 < len(tokens) < self.runner.max_len:
                 self.runner.extend(tokens[:-1])
                 self.cached, self.ends = tokens[:-1], ends[:-1]
                 self.verified = len(self.cached)
@@ -218,14 +218,13 @@ class CrossVocabProposer:
                 noise: PositionNoise | None = None) -> Proposal:
         self._read(context)
         tokens, ends, pending = self._draft_context()
-        if pending or not tokens:  # an incomplete character: the draft cannot see it yet
-            self.last_kind = ""
+        # its own tokens may outgrow the draft's window before the target's do: no drafts then
+        k = min(k, self.runner.max_len - len(tokens) - 1)
+        self.last_kind = ""
+        if pending or not tokens or k <= 0:  # pending: an incomplete character the draft cannot see yet
             return Proposal([])
         feed = self._sync(tokens, ends)
         feed_ends = ends[len(self.cached):]
-        k = min(k, self.runner.max_len - len(tokens) - 1)
-        if k <= 0:
-            return Proposal([])
         sync_seconds = 0.0
         if len(feed) > 2:  # catch up after plain steps, timed apart
             t0 = time.perf_counter()
