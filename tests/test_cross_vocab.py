@@ -385,3 +385,12 @@ def test_bench_runs_both_cross_vocab_variants(near_char_pair):
             assert runner.decoder.engine.proposer.mode == ("tli" if method == "draft@tli" else "auto")
             stats = runner.run("abcab", 0.0, 16, 0)
             assert stats.new_tokens == 16 and stats.drafted_tokens > 0
+
+
+def test_penalised_sampling_drafts_without_the_penalties(char_pair):
+    """Penalties and logit biases count target ids; the draft proposes without them, and the
+    target's rows carry them (any proposal distribution keeps rejection sampling exact)."""
+    target, draft = char_pair
+    decoder = specdec.load(target=target, draft=draft, method="draft", draft_tokens=2, calibrate=False)
+    settings = dict(temperature=1.0, presence_penalty=0.8, repetition_penalty=1.3, logit_bias={3: 2.0})
+    assert p_value(decoder, target, settings, N_QUICK) > 1e-3

@@ -21,6 +21,7 @@ as the draft would), and holds back an incomplete UTF-8 tail (no drafts until it
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 from tokenizers import Tokenizer
@@ -245,6 +246,9 @@ class CrossVocabProposer:
         """k target tokens drawn from the draft's distribution on the shared tokens."""
         vmap, tokens, rows = self.vmap, [], []
         end = feed_ends[-1]
+        if params.penalized:  # penalties and biases count target ids: the draft goes without (any q is exact)
+            params = replace(params, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0,
+                             logit_bias=())
         for i in range(k):
             logits = self._feed(feed, feed_ends)
             shared = logits[vmap.draft_ids]  # the draft's logits of the shared tokens
