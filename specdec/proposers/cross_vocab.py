@@ -107,7 +107,6 @@ class CrossVocabProposer:
         self.byte_tokens = {p[0]: i for i, p in enumerate(draft_pieces)
                             if p and len(p) == 1 and i not in self.draft_specials}
         self.mode = mode
-        self.last_kind = ""  # "tli" or "string": how the last proposal was made (stats)
         self.reset([])
 
     def memory_bytes(self) -> int:
@@ -221,7 +220,6 @@ class CrossVocabProposer:
         tokens, ends, pending = self._draft_context()
         # its own tokens may outgrow the draft's window before the target's do: no drafts then
         k = min(k, self.runner.max_len - len(tokens) - 1)
-        self.last_kind = ""
         if pending or not tokens or k <= 0:  # pending: an incomplete character the draft cannot see yet
             return Proposal([])
         feed = self._sync(tokens, ends)
@@ -235,8 +233,7 @@ class CrossVocabProposer:
             feed, feed_ends = feed[-1:], feed_ends[-1:]
             sync_seconds = time.perf_counter() - t0
         self.verified = len(self.cached)
-        self.last_kind = self.kind(params)
-        if self.last_kind == "string":
+        if self.kind(params) == "string":
             return self._propose_string(feed, feed_ends, k, sync_seconds)
         return self._propose_tli(feed, feed_ends, k, len(context), params, generator, noise, sync_seconds)
 
