@@ -394,3 +394,18 @@ def test_penalised_sampling_drafts_without_the_penalties(char_pair):
     decoder = specdec.load(target=target, draft=draft, method="draft", draft_tokens=2, calibrate=False)
     settings = dict(temperature=1.0, presence_penalty=0.8, repetition_penalty=1.3, logit_bias={3: 2.0})
     assert p_value(decoder, target, settings, N_QUICK) > 1e-3
+
+
+def test_bench_peer_runs_universal_assisted_generation(near_bpe_pair):
+    """hf-assisted with a draft of another vocabulary size is transformers' UAG (both tokenizers
+    given; transformers tells tokenizers apart by vocabulary size). Greedy only here: at T > 0
+    transformers 5.24 fails when the draft's vocabulary is a subset of the target's, as this
+    pair's is (AssistantToTargetTranslator.assistant_overlap_token_ids is never set); with
+    SmolLM2 and pycode-draft both temperatures run."""
+    pytest.importorskip("transformers")
+    from specdec.bench_peers import TransformersPeer
+
+    target, draft = near_bpe_pair
+    peer = TransformersPeer("hf-assisted", target, draft, TextTokenizer(target))
+    assert set(peer.tokenizers) == {"tokenizer", "assistant_tokenizer"}
+    assert peer.run("def add(a, b):\n", 0.0, 8, 0).new_tokens == 8
