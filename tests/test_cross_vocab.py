@@ -409,3 +409,24 @@ def test_bench_peer_runs_universal_assisted_generation(near_bpe_pair):
     peer = TransformersPeer("hf-assisted", target, draft, TextTokenizer(target))
     assert set(peer.tokenizers) == {"tokenizer", "assistant_tokenizer"}
     assert peer.run("def add(a, b):\n", 0.0, 8, 0).new_tokens == 8
+
+
+def test_a_draft_with_a_shorter_window_stops_drafting_when_full(tmp_path, char_pair):
+    """The draft's own tokens can outgrow its window before the target's context does: it
+    then proposes nothing (no cache overflow), and output stays the target's."""
+    target, _ = char_pair
+    small = dict(TINY, max_pos=12)
+    draft = make_model_dir(tmp_path / "d", seed=2, alphabet="xcabyed", **small)
+    spec = specdec.load(target=target, draft=draft, method="draft", dtype="float64", draft_tokens=3)
+    plain = specdec.load(target=target, dtype="float64", calibrate=False)
+    want = plain.generate("abcab", temperature=0, max_new_tokens=20, ignore_eos=True).token_ids
+    got, drafted_early, drafted_late = [], 0, 0
+    for chunk in spec.stream("abcab", temperature=0, max_new_tokens=20, ignore_eos=True):
+        if chunk.step is not None:  # the draft's context (one char, one token) before this step
+            if 5 + len(got) + 1 >= 12:
+                drafted_late += chunk.step.drafted
+            else:
+                drafted_early += chunk.step.drafted
+        got += chunk.token_ids
+    assert got == want and drafted_early > 0 and drafted_late == 0
+    assert spec.engine.proposer.runner.length < 12
