@@ -295,7 +295,9 @@ def cross_vocab_proposer(runner: Runner, draft_tokenizer: Tokenizer, target_toke
     draft_pieces, target_pieces = token_bytes(draft_tokenizer), token_bytes(target_tokenizer)
     check_round_trip(draft_tokenizer, draft_pieces, "draft")
     check_round_trip(target_tokenizer, target_pieces, "target")
-    vmap = build_vocab_map(draft_pieces, target_pieces, special_ids(draft_tokenizer), special_ids(target_tokenizer),
+    # only ids inside both models' logits can be proposed and verified
+    proposable = [p if i < runner.vocab_size else None for i, p in enumerate(draft_pieces)]
+    vmap = build_vocab_map(proposable, target_pieces, special_ids(draft_tokenizer), special_ids(target_tokenizer),
                            target_vocab_size)
     check_overlap(vmap)
     return CrossVocabProposer(runner, draft_tokenizer, target_tokenizer, vmap, draft_pieces, target_pieces, mode)

@@ -115,12 +115,13 @@ def build_vocab_map(draft_pieces: list[bytes | None], target_pieces: list[bytes 
                     target_vocab_size: int | None = None) -> VocabMap:
     """Pair every draft token with the target token of the same bytes (special tokens: same
     text). Duplicates keep the lowest id, so the map is one-to-one. target_vocab_size: the
-    target model's logit width when it exceeds its tokenizer's (padded embeddings)."""
+    target model's logit width (padded embeddings make it larger than the tokenizer's)."""
     def key(i: int, piece: bytes, specials: set[int]) -> tuple:
         return ("special" if i in specials else "bytes", piece)
 
+    width = target_vocab_size or len(target_pieces)
     by_key: dict[tuple, int] = {}
-    for i, piece in enumerate(target_pieces):
+    for i, piece in enumerate(target_pieces[:width]):  # ids past the model's logits cannot be verified
         if piece:
             by_key.setdefault(key(i, piece, target_specials), i)
     pairs, used = [], set()
@@ -129,13 +130,12 @@ def build_vocab_map(draft_pieces: list[bytes | None], target_pieces: list[bytes 
         if t is not None and t not in used:
             used.add(t)
             pairs.append((i, t))
-    target_vocab_size = max(target_vocab_size or 0, len(target_pieces))
-    target_index = torch.full((target_vocab_size,), -1, dtype=torch.long)
+    target_index = torch.full((width,), -1, dtype=torch.long)
     for j, (_, t) in enumerate(pairs):
         target_index[t] = j
     return VocabMap(torch.tensor([d for d, _ in pairs], dtype=torch.long),
                     torch.tensor([t for _, t in pairs], dtype=torch.long),
-                    target_index, len(draft_pieces), target_vocab_size)
+                    target_index, len(draft_pieces), width)
 
 
 def check_overlap(vmap: VocabMap) -> None:
