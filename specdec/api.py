@@ -15,6 +15,8 @@ from specdec.models.config import SUPPORTED_MODEL_TYPES
 from specdec.models.quant import DEFAULT_GROUP_SIZE, QUANT_MODES, quantize_model
 from specdec.models.runner import NativeRunner
 from specdec.proposers import DraftModelProposer, PromptLookupProposer
+from specdec.proposers.cross_vocab import CROSS_VOCAB_MODES, cross_vocab_proposer
+from specdec.proposers.vocab_map import same_tokenizer
 from specdec.sampling import SamplingParams
 from specdec.text import TextTokenizer
 
@@ -179,7 +181,8 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
          dtype: str = "float32", backend: str = "auto", draft_tokens: int | None = None,
          max_draft_tokens: int = 8, max_len: int | None = None,
          tree_nodes: int | None = None, typical_acceptance: bool = False, calibrate: bool = True,
-         exact: bool | None = None, quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE) -> SpecDecoder:
+         exact: bool | None = None, quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE,
+         cross_vocab: str = "auto") -> SpecDecoder:
     """Load a target (None = the bundled model) and, for method='draft', a draft model
     (None = the bundled draft when the target is bundled); for 'medusa'/'eagle', `draft` is
     the head folder. draft_tokens fixes K (chain) or the tree size; by default they adapt per
@@ -193,9 +196,14 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     output may then diverge where logits nearly tie); None: on for bfloat16/float16. quantize:
     "int8" or "int4" (group_size inputs per scale; bfloat16 only) weight-only quantization of
     the target's and the draft model's projections; lossless with respect to the quantized
-    target."""
+    target. A draft model with another tokenizer than the target's is used through the
+    vocabularies' shared tokens (proposers/cross_vocab.py); cross_vocab: "auto" (greedy:
+    the draft's text re-encoded into target tokens; sampling: token-level intersection),
+    "tli" (intersection always) or "string" (same as auto: string-level is greedy only)."""
     if method not in METHODS:
         raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if cross_vocab not in CROSS_VOCAB_MODES:
+        raise SpecdecError(f"unknown cross_vocab {cross_vocab!r}; choose one of {', '.join(CROSS_VOCAB_MODES)}")
     parse_dtype(dtype)
     _check_draft_tokens("draft_tokens", draft_tokens)
     _check_draft_tokens("max_draft_tokens", max_draft_tokens)
@@ -211,11 +219,15 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
                                "bundled for a custom target")
         draft_path = Path(draft) if draft is not None else DEFAULT_DRAFT
         draft_runner = load_runner(draft_path, dtype, backend, target_runner.max_len, quantize, group_size)
-        if draft_runner.vocab_size != target_runner.vocab_size:
+        draft_tokenizer = TextTokenizer(draft_path)
+        if not same_tokenizer(draft_tokenizer.tok, tokenizer.tok):  # another vocabulary: proposers/cross_vocab.py
+            proposer = cross_vocab_proposer(draft_runner, draft_tokenizer.tok, tokenizer.tok,
+                                            target_runner.vocab_size, cross_vocab)
+        elif draft_runner.vocab_size != target_runner.vocab_size:
             raise SpecdecError(f"draft vocabulary size {draft_runner.vocab_size} differs from the "
-                               f"target's {target_runner.vocab_size}; the draft must share the "
-                               "target's tokenizer")
-        proposer = DraftModelProposer(draft_runner)
+                               f"target's {target_runner.vocab_size} although their tokenizers are the same")
+        else:
+            proposer = DraftModelProposer(draft_runner)
     elif method == "ngram":
         proposer = PromptLookupProposer()
     elif method in ("medusa", "eagle"):

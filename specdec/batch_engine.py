@@ -37,6 +37,7 @@ from specdec.logprobs import last_entries, token_logprobs
 from specdec.models.batch import BatchRunner
 from specdec.proposers.base import Proposal, Proposer
 from specdec.proposers.batch_draft import BatchDraftModel, DraftRequest
+from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.prompt_lookup import PromptLookupProposer
 from specdec.sampling import SamplingParams
 from specdec.sequence import GenerationResult, Sequence, StreamChunk
@@ -84,7 +85,7 @@ class BatchEngine:
         if engine.method == "ngram":
             self.proposers["ngram"] = engine.proposer
         self.draft: BatchDraftModel | None = None  # the draft model's slots, for method draft
-        if engine.method == "draft":
+        if engine.method == "draft" and isinstance(engine.proposer, DraftModelProposer):  # not a cross-vocab draft
             self.draft = BatchDraftModel(engine.proposer.runner.model, max_batch,
                                          min(engine.target.max_len, engine.proposer.runner.max_len))
             self.proposers["draft"] = None
@@ -139,7 +140,7 @@ class BatchEngine:
 
     @property
     def method(self) -> str:
-        return self.engine.method if self.engine.method in BATCHED_METHODS else "none"
+        return self.engine.method if self.engine.method in self.proposers else "none"
 
     @property
     def free_slots(self) -> int:

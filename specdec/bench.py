@@ -96,25 +96,30 @@ def default_tasks(tokenizer: TextTokenizer) -> list[str]:
 
 def make_runner(m: str, setup: dict, stack: ExitStack, tokenizer: TextTokenizer):
     """The runner for bench method `m` ("draft:4" = draft with a fixed K of 4; "draft@seeded" =
-    seeded drafter-invariant sampling instead of rejection sampling, the seeds being the bench's)."""
+    seeded drafter-invariant sampling instead of rejection sampling, the seeds being the bench's;
+    "draft@tli" = a draft with another tokenizer through the shared tokens at T=0 too)."""
     name, _, mode = m.partition("@")
     base, _, fixed = name.partition(":")
     if fixed and not fixed.isdigit():
         raise SpecdecError(f"bad method {m!r}: use NAME or NAME:K with an integer K")
-    if mode not in ("", "seeded") or (mode and base not in SPECDEC_METHODS):
-        raise SpecdecError(f"bad method {m!r}: only specdec methods take the suffix @seeded")
+    if mode not in ("", "seeded", "tli") or (mode and base not in SPECDEC_METHODS):
+        raise SpecdecError(f"bad method {m!r}: only specdec methods take the suffix @seeded (draft: @tli)")
+    if mode == "tli" and base != "draft":
+        raise SpecdecError(f"bad method {m!r}: @tli is for method draft (a draft with another tokenizer)")
     target, draft, dtype = setup["target"], setup["draft"], setup["dtype"]
     if base in SPECDEC_METHODS:
         drafter = draft if base == "draft" else setup["heads"].get(base)  # medusa/eagle head folders
         return SpecdecRunner(load(target=target, draft=drafter, method=base, dtype=dtype,
                                   draft_tokens=int(fixed) if fixed else setup["draft_tokens"],
                                   quantize=setup.get("quantize"),
-                                  group_size=setup.get("group_size", DEFAULT_GROUP_SIZE)),
-                             seed_mode="invariant" if mode else "rejection")
+                                  group_size=setup.get("group_size", DEFAULT_GROUP_SIZE),
+                                  cross_vocab="tli" if mode == "tli" else "auto"),
+                             seed_mode="invariant" if mode == "seeded" else "rejection")
     if base in HF_METHODS and not fixed:
         draft_dir = draft or (DEFAULT_DRAFT if target is None else None)
         if m == "hf-assisted" and draft_dir is None:
-            raise SpecdecError("hf-assisted needs a draft model with the target's vocabulary (--draft)")
+            raise SpecdecError("hf-assisted needs a draft model (--draft; another tokenizer than the target's: "
+                               "transformers' Universal Assisted Generation)")
         return TransformersPeer(m, target or DEFAULT_TARGET, draft_dir, tokenizer, dtype)
     if base in LLAMA_CPP_METHODS and not fixed:
         if setup["llama_server"] is None:

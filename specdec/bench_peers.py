@@ -34,6 +34,14 @@ def load_hf_model(model: str | Path, dtype: str):
     return load_transformers(source.path, dtype)
 
 
+def hf_tokenizer(tokenizer: TextTokenizer):
+    """transformers' wrapper around the same tokenizer (UAG decodes and re-encodes with it)."""
+    from transformers import PreTrainedTokenizerFast
+
+    config = {k: v for k, v in tokenizer.config.items() if k in ("bos_token", "eos_token") and isinstance(v, str)}
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer.tok, **config)
+
+
 class TransformersPeer:
     """transformers generate(): plain, with assistant_model, or with prompt_lookup_num_tokens."""
 
@@ -44,6 +52,12 @@ class TransformersPeer:
         self.model = load_hf_model(target, dtype)
         self.assistant = load_hf_model(draft, dtype) if mode == "hf-assisted" else None
         self.tokenizer = tokenizer
+        # a draft with another vocabulary: Universal Assisted Generation (text re-encoded at
+        # T=0; at T > 0 transformers' own token-level intersection), which needs both tokenizers
+        self.tokenizers = {}
+        if self.assistant is not None and self.assistant.config.vocab_size != self.model.config.vocab_size:
+            self.tokenizers = dict(tokenizer=hf_tokenizer(tokenizer),
+                                   assistant_tokenizer=hf_tokenizer(TextTokenizer(draft)))
 
     def memory_mb(self) -> float:
         """Weights only: transformers' dynamic caches are transient."""
@@ -61,7 +75,7 @@ class TransformersPeer:
         if temperature > 0:
             kw.update(temperature=temperature, top_k=0, top_p=1.0)
         if self.assistant is not None:
-            kw["assistant_model"] = self.assistant
+            kw.update(assistant_model=self.assistant, **self.tokenizers)
         if self.mode == "hf-lookup":
             kw["prompt_lookup_num_tokens"] = 10
         torch.manual_seed(seed)

@@ -8,6 +8,7 @@ from specdec.api import METHODS, SpecDecoder, load
 from specdec.engine import GenerationStats
 from specdec.errors import SpecdecError
 from specdec.models.quant import DEFAULT_GROUP_SIZE, QUANT_MODES
+from specdec.proposers.cross_vocab import CROSS_VOCAB_MODES
 from specdec.sampling import SEED_MODES
 
 
@@ -37,6 +38,10 @@ def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHOD
                    help="batch-invariant passes: greedy speculative output identical to plain decoding bit for "
                         "bit (default: on for bfloat16/float16, off for float32/float64, where it costs more "
                         "and rounding rarely flips a token); --no-exact: the fastest kernels")
+    p.add_argument("--cross-vocab", choices=CROSS_VOCAB_MODES, default="auto",
+                   help="a draft model with another tokenizer: 'auto' = greedy re-encodes the draft's text into "
+                        "target tokens, sampling uses the shared tokens (token-level intersection); 'tli' = "
+                        "the shared tokens always; 'string' = as auto (string-level is exact at T=0 only)")
     add_quantize_args(p)
 
 
@@ -105,7 +110,7 @@ def load_decoder(args: argparse.Namespace, **overrides) -> SpecDecoder:
     options = dict(target=args.target, draft=args.draft, method=args.method, dtype=args.dtype,
                    backend=args.backend, draft_tokens=args.draft_tokens, max_draft_tokens=args.max_draft_tokens,
                    tree_nodes=args.tree_nodes, typical_acceptance=args.typical_acceptance, exact=args.exact,
-                   quantize=args.quantize, group_size=args.group_size)
+                   quantize=args.quantize, group_size=args.group_size, cross_vocab=getattr(args, "cross_vocab", "auto"))
     options.update(overrides)
     return load(**options)
 

@@ -18,9 +18,11 @@ SAMPLE_TEXT = [
 ] * 20
 
 
-def char_tokenizer(vocab_size: int) -> Tokenizer:
-    """A tokenizer whose ids 0..vocab_size-1 are single characters (id 0 = EOS)."""
-    chars = ["<|endoftext|>"] + [chr(ord("a") + i) for i in range(vocab_size - 1)]
+def char_tokenizer(vocab_size: int, alphabet: str | None = None) -> Tokenizer:
+    """A tokenizer whose ids 0..vocab_size-1 are single characters (id 0 = EOS); alphabet:
+    the characters of ids 1.. (default a, b, c, ...)."""
+    alphabet = alphabet or "".join(chr(ord("a") + i) for i in range(vocab_size - 1))
+    chars = ["<|endoftext|>"] + list(alphabet[:vocab_size - 1])
     tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token="<|endoftext|>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tok.decoder = decoders.Fuse()
@@ -30,16 +32,18 @@ def char_tokenizer(vocab_size: int) -> Tokenizer:
 def make_model_dir(path: Path, model_type: str = "llama", vocab_size: int | None = None,
                    seed: int = 0, hidden_size: int = 32, layers: int = 2, heads: int = 4,
                    kv_heads: int = 2, tie: bool = False, rope_scaling: dict | None = None,
-                   max_pos: int = 256, scale: float = 1.0, tokenizer: str = "bpe") -> Path:
+                   max_pos: int = 256, scale: float = 1.0, tokenizer: str = "bpe", alphabet: str | None = None,
+                   bpe_vocab_size: int = 400) -> Path:
     """Save a random model (HF layout) plus a tokenizer. tokenizer='bpe' trains a small
-    byte-level BPE (vocab_size ignored); 'char' builds a vocab_size-character tokenizer."""
+    byte-level BPE of bpe_vocab_size tokens (vocab_size ignored); 'char' builds a
+    vocab_size-character tokenizer (alphabet: its characters after EOS)."""
     path.mkdir(parents=True, exist_ok=True)
     if tokenizer == "bpe":
-        tok = train_tokenizer(SAMPLE_TEXT, vocab_size=400)
+        tok = train_tokenizer(SAMPLE_TEXT, vocab_size=bpe_vocab_size)
         save_tokenizer(tok, path)
         vocab_size = tok.get_vocab_size()
     else:
-        tok = char_tokenizer(vocab_size)
+        tok = char_tokenizer(vocab_size, alphabet)
         tok.save(str(path / "tokenizer.json"))
     cfg = ModelConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,

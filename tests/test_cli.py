@@ -23,7 +23,10 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def other_vocab_dir(tmp_path_factory):
-    return make_model_dir(tmp_path_factory.mktemp("cli2"), layers=1, tokenizer="char", vocab_size=40)
+    """A draft whose 40 tokens are Greek and Cyrillic letters: none is in the target's vocabulary."""
+    letters = "".join(map(chr, range(0x3B1, 0x3C9))) + "".join(map(chr, range(0x430, 0x450)))
+    return make_model_dir(tmp_path_factory.mktemp("cli2"), layers=1, tokenizer="char", vocab_size=40,
+                          alphabet=letters)
 
 
 def run(capsys, *argv):
@@ -117,10 +120,12 @@ def test_prompt_longer_than_context(capsys, model_dir):
     assert code == 2 and "context window" in err
 
 
-def test_draft_vocab_mismatch_names_both_sizes(capsys, model_dir, other_vocab_dir):
+def test_draft_sharing_no_tokens_is_refused(capsys, model_dir, other_vocab_dir):
+    """Another vocabulary is drafted across (tests/test_cross_vocab.py) unless the draft can
+    propose (almost) nothing: then the error says how many shared tokens are needed."""
     code, _, err = run(capsys, "generate", "x", "--target", model_dir, "--method", "draft",
                        "--draft", other_vocab_dir)
-    assert code == 2 and "40" in err and "vocabulary" in err
+    assert code == 2 and "shares only 0 tokens" in err and "(of 40)" in err and "needs at least 10" in err
 
 
 def test_console_script_reports_without_traceback(model_dir):

@@ -179,10 +179,17 @@ def test_backend_transformers_runs_a_gguf_through_transformers_loader(bundled_gg
     assert decoder.generate("import os\n", temperature=0, max_new_tokens=16).token_ids == native.token_ids
 
 
-def test_gguf_draft_must_share_the_vocabulary(bundled_gguf, tiny_dir, tmp_path):
+def test_gguf_draft_with_another_vocabulary_drafts_across(bundled_gguf, tiny_dir, tmp_path):
+    """A GGUF draft with another tokenizer (rebuilt from the file's metadata) goes through
+    the shared tokens, and greedy output stays the target's."""
+    from specdec.proposers.cross_vocab import CrossVocabProposer
+
     tiny = write_from(tiny_dir, tmp_path / "tiny.gguf")
-    with pytest.raises(SpecdecError, match="vocabulary"):
-        specdec.load(target=bundled_gguf, draft=tiny, method="draft")
+    decoder = specdec.load(target=bundled_gguf, draft=tiny, method="draft", draft_tokens=2, calibrate=False)
+    assert isinstance(decoder.engine.proposer, CrossVocabProposer)
+    plain = specdec.load(target=bundled_gguf, calibrate=False)
+    want = plain.generate("import os\n", temperature=0, max_new_tokens=12).token_ids
+    assert decoder.generate("import os\n", temperature=0, max_new_tokens=12).token_ids == want
 
 
 # ---------------------------------------------------------------- architectures and quantized tensors

@@ -104,6 +104,9 @@ class EngineWorker:
                 raise SpecdecError(f"--max-batch > 1 batches the methods {', '.join(BATCHED_METHODS)}; "
                                    f"this server's method is {decoder.method!r}")
             self.batch = decoder.batch_engine(max_batch)
+            if self.batch.method != decoder.method:  # a draft model with another tokenizer
+                raise SpecdecError("--max-batch > 1 cannot batch a draft model with another tokenizer than the "
+                                   "target's (cross-vocabulary drafts are not batched yet)")
         self._jobs: list[RunningJob] = []  # batched mode: jobs in the batch, in arrival order
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._thread: threading.Thread | None = None
