@@ -246,6 +246,40 @@ def test_n_and_seed(client, draft_reference):
     assert texts == want
 
 
+def test_batched_prompts(client, http, draft_reference):
+    """A list of prompts: prompt p's i-th choice has index p * n + i (OpenAI's numbering) and is
+    what the library gives that prompt with seed + i; usage sums the prompts once each."""
+    ids = draft_reference.tokenizer.encode("import os")
+    prompts = [PROMPT, "class Stack:", ids]
+    n, seed = 2, 11
+    want = [draft_reference.generate(p, temperature=1.0, top_k=50, max_new_tokens=N, seed=seed + i)
+            for p in prompts for i in range(n)]
+    for as_ids in (False, True):  # strings, or every prompt as token ids
+        sent = [draft_reference.tokenizer.encode(p) if as_ids and isinstance(p, str) else p for p in prompts]
+        if not as_ids:
+            sent[2] = "import os"
+        resp = client.completions.create(model=MODEL, prompt=sent, max_tokens=N, temperature=1.0,
+                                         extra_body={"top_k": 50}, n=n, seed=seed)
+        assert [c.index for c in resp.choices] == list(range(len(prompts) * n))
+        assert [c.text for c in resp.choices] == [r.text for r in want]
+        assert resp.usage.prompt_tokens == sum(len(draft_reference.tokenizer.encode(p)) if isinstance(p, str)
+                                               else len(p) for p in prompts)
+        assert resp.usage.completion_tokens == sum(len(r.token_ids) for r in want)
+    texts = [""] * len(want)
+    for chunk in client.completions.create(model=MODEL, prompt=prompts[:2], max_tokens=N, temperature=1.0,
+                                           extra_body={"top_k": 50}, n=n, seed=seed, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts[:4] == [r.text for r in want[:4]]
+    # echo: each choice starts with its own prompt; logprobs offsets count from that prompt
+    body = {"prompt": [PROMPT, "class Stack:"], "max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 1}
+    choices = http.post("/v1/completions", json=body).json()["choices"]
+    assert [c["text"][:len(p)] for c, p in zip(choices, body["prompt"])] == body["prompt"]
+    assert choices[1]["logprobs"]["text_offset"][0] == 0
+    assert choices[1]["logprobs"]["tokens"][0] == draft_reference.tokenizer.decode(
+        draft_reference.tokenizer.encode("class Stack:")[:1])
+
+
 def test_a_seed_gives_plain_decodings_output_whatever_the_method(client, reference, draft_reference):
     """Seeded drafter-invariant sampling (the default with a seed): the draft server returns
     what plain decoding returns for that seed; seed_mode "rejection" keeps rejection sampling."""
@@ -455,7 +489,11 @@ BAD = [
     ("completions", {"prompt": "x" * 2000}, 400, "context window", "prompt"),
     ("completions", {"prompt": ""}, 400, "empty", "prompt"),
     ("completions", {"prompt": []}, 400, "empty", "prompt"),
-    ("completions", {"prompt": ["a", "b"]}, 400, "one prompt", "prompt"),
+    ("completions", {"prompt": ["a", ""]}, 400, "prompt[1] must not be empty", "prompt"),
+    ("completions", {"prompt": [[1], []]}, 400, "prompt[1] must not be empty", "prompt"),
+    ("completions", {"prompt": [[1], "a"]}, 400, "mixture", "prompt"),
+    ("completions", {"prompt": [[1], [10 ** 9]]}, 400, "prompt[1] token ids", "prompt"),
+    ("completions", {"prompt": ["a"] * 17}, 400, "at most 16", "prompt"),
     ("completions", {"prompt": [1, "a"]}, 400, "token ids", "prompt"),
     ("completions", {"prompt": [10 ** 9]}, 400, "token ids", "prompt"),
     ("completions", {"prompt": 5}, 400, "prompt", "prompt"),

@@ -42,8 +42,8 @@ def speculative(method: str, results: Sequence[GenerationResult]) -> dict:
 
 def usage(req: GenerationRequest, results: Sequence[GenerationResult]) -> dict:
     completion = sum(len(r.token_ids) for r in results)
-    return {"prompt_tokens": len(req.prompt_ids), "completion_tokens": completion,
-            "total_tokens": len(req.prompt_ids) + completion}
+    return {"prompt_tokens": req.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": req.prompt_tokens + completion}
 
 
 @dataclass(frozen=True)
@@ -66,10 +66,11 @@ class ChoiceLogprobs:
     """The logprobs object(s) of one choice, written all at once or chunk by chunk: `sent`
     counts the generated tokens already written, text offsets continue across chunks."""
 
-    def __init__(self, head: ResponseHeader, req: GenerationRequest):
+    def __init__(self, head: ResponseHeader, req: GenerationRequest, index: int):
         self.chat, self.texts, self.req = head.chat, head.tokens, req
+        self.prompt_in = req.prompt_of(index)  # the choice's prompt
         self.sent = 0
-        self.offsets = TextOffsets(len(req.prompt_text))
+        self.offsets = TextOffsets(len(self.prompt_in.text))
 
     def _entry(self, token: int) -> dict:
         return {"token": self.texts.text(token), "logprob": None, "bytes": list(self.texts.token_bytes(token))}
@@ -96,7 +97,8 @@ class ChoiceLogprobs:
 
     def prompt(self, entries: Sequence[TokenLogprob | None] | None) -> dict:
         """Completions with echo: the prompt's tokens, offsets from 0."""
-        return self._legacy(self.req.prompt_ids, entries or [None] * len(self.req.prompt_ids), TextOffsets(0))
+        ids = self.prompt_in.ids
+        return self._legacy(ids, entries or [None] * len(ids), TextOffsets(0))
 
     def take(self, tokens: Sequence[int], entries: Sequence[TokenLogprob]) -> dict:
         """The next generated tokens."""
@@ -112,11 +114,12 @@ def _joined(first: dict, second: dict) -> dict:
     return {key: first[key] + second[key] for key in first}
 
 
-def choice_logprobs(head: ResponseHeader, req: GenerationRequest, result: GenerationResult) -> dict | None:
+def choice_logprobs(head: ResponseHeader, req: GenerationRequest, result: GenerationResult,
+                    index: int) -> dict | None:
     """A whole choice's logprobs object (None when not asked for)."""
     if req.logprobs is None:
         return None
-    writer = ChoiceLogprobs(head, req)
+    writer = ChoiceLogprobs(head, req, index)
     generated = writer.rest(result)
     return _joined(writer.prompt(result.prompt_logprobs), generated) if req.echo else generated
 
@@ -125,11 +128,11 @@ def completion_object(head: ResponseHeader, req: GenerationRequest, results: Seq
     """The whole (non-streamed) response."""
     if head.chat:
         choices = [{"index": i, "message": {"role": "assistant", "content": r.text},
-                    "logprobs": choice_logprobs(head, req, r), "finish_reason": r.finish_reason}
+                    "logprobs": choice_logprobs(head, req, r, i), "finish_reason": r.finish_reason}
                    for i, r in enumerate(results)]
     else:
-        echo = req.prompt_text if req.echo else ""
-        choices = [{"index": i, "text": echo + r.text, "logprobs": choice_logprobs(head, req, r),
+        choices = [{"index": i, "text": (req.prompt_of(i).text if req.echo else "") + r.text,
+                    "logprobs": choice_logprobs(head, req, r, i),
                     "finish_reason": r.finish_reason} for i, r in enumerate(results)]
     return {**head.fields("chat.completion" if head.chat else "text_completion"), "choices": choices,
             "usage": usage(req, results), "speculative": speculative(head.method, results)}
@@ -175,7 +178,7 @@ class ChoiceStream:
     def __init__(self, head: ResponseHeader, req: GenerationRequest, index: int):
         self.head, self.req, self.index = head, req, index
         self.started = False
-        self.logprobs = ChoiceLogprobs(head, req) if req.logprobs is not None else None
+        self.logprobs = ChoiceLogprobs(head, req, index) if req.logprobs is not None else None
 
     def opening(self, chunk: StreamChunk | None, result: GenerationResult | None) -> list[dict]:
         """Before the choice's first event: chat's role chunk; completions' echoed prompt."""
@@ -190,7 +193,8 @@ class ChoiceStream:
         if self.logprobs is not None:
             source = chunk if chunk is not None and chunk.prompt_logprobs is not None else result
             logprobs = self.logprobs.prompt(source.prompt_logprobs if source is not None else None)
-        return [_chunk(self.head, [_text_choice(self.head, self.index, self.req.prompt_text, logprobs=logprobs)])]
+        return [_chunk(self.head, [_text_choice(self.head, self.index, self.req.prompt_of(self.index).text,
+                                                logprobs=logprobs)])]
 
     def step(self, text: str, chunk: StreamChunk | None) -> list[dict]:
         """A decode step's text and the logprobs of its tokens (either may be empty)."""
