@@ -30,7 +30,9 @@ class PromptLookupProposer:
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None, history: TokenHistory | None = None,
                 noise: PositionNoise | None = None) -> Proposal:
-        """history is not needed: the proposal is a point mass, only the target's rows are penalised."""
+        """The proposal is a point mass, so penalties need nothing here (only the target's rows
+        are penalised); under a grammar the proposal is cut before the first token the
+        grammar refuses, which the constrained target could never accept."""
         ctx = np.asarray(context, dtype=np.int64)
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if len(ctx) <= n:
@@ -41,6 +43,8 @@ class PromptLookupProposer:
             if len(hits):
                 start = int(hits[-1]) + n
                 follow = ctx[start:start + k].tolist()
+                if history is not None and history.grammar is not None:
+                    follow = follow[:history.grammar.valid_prefix(follow)]
                 if follow:
                     return Proposal(follow, None)
         return Proposal([], None)
