@@ -21,6 +21,7 @@ grammar on a 3-token vocabulary."""
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -193,6 +194,8 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
         self._lltok = None
+        self._checked: dict[Grammar, str] = {}  # recent grammars' checked text (a server sees the same ones often)
+        self._lock = threading.Lock()  # the server's request parser and its engine worker share this
 
     def _ll_tokenizer(self):
         llguidance = require("llguidance", "grammar", "structured output (response_format, grammar=)")
@@ -216,17 +219,27 @@ class GrammarCompiler:
 
     def check(self, grammar: Grammar) -> str:
         """The compiled grammar text; SpecdecError naming the problem when it is invalid."""
+        with self._lock:
+            if grammar in self._checked:
+                return self._checked[grammar]
+            lltok = self._ll_tokenizer()
         from llguidance import LLMatcher
-        lltok = self._ll_tokenizer()
         text = self.grammar_text(grammar)
         is_error, messages = LLMatcher.validate_grammar_with_warnings(text, lltok)
         if is_error:
             raise SpecdecError(f"invalid {grammar.kind.replace('_', ' ')} grammar: {messages[0]}")
+        with self._lock:
+            if len(self._checked) >= 64:
+                self._checked.pop(next(iter(self._checked)))
+            self._checked[grammar] = text
         return text
 
     def state(self, grammar: Grammar) -> GrammarState:
         from llguidance import LLMatcher
-        matcher = LLMatcher(self._ll_tokenizer(), self.check(grammar), log_level=0)
+        text = self.check(grammar)
+        with self._lock:
+            lltok = self._ll_tokenizer()
+        matcher = LLMatcher(lltok, text, log_level=0)
         if matcher.is_error():
             raise SpecdecError(f"invalid {grammar.kind.replace('_', ' ')} grammar: {matcher.get_error()}")
         return GrammarState(LLGuidanceMatcher(matcher, self.vocab_size), self.vocab_size, self.eos_ids)

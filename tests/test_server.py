@@ -280,6 +280,42 @@ def test_batched_prompts(client, http, draft_reference):
         draft_reference.tokenizer.encode("class Stack:")[:1])
 
 
+JSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z]{1,6}$"},
+                                                "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+               "required": ["name", "n"], "additionalProperties": False}
+SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "thing", "schema": JSON_SCHEMA, "strict": True}}
+
+
+def test_response_format(client, http, reference):
+    """Both endpoints: the library's constrained greedy output (the server speculates with a
+    draft), parsed JSON that fits the schema, also streamed; json_object and regex too."""
+    pytest.importorskip("llguidance")
+    want = greedy(reference, PROMPT, 40, response_format=SCHEMA_FORMAT)
+    resp = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0,
+                                     extra_body={"response_format": SCHEMA_FORMAT})
+    assert resp.choices[0].text == want.text and resp.choices[0].finish_reason == "stop"
+    assert set(json.loads(want.text)) == {"name", "n"}
+    messages = [{"role": "user", "content": "a thing, as JSON"}]
+    want = greedy(reference, chat_prompt(messages), 40, response_format=SCHEMA_FORMAT)
+    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0,
+                                          response_format=SCHEMA_FORMAT)
+    assert resp.choices[0].message.content == want.text and set(json.loads(want.text)) == {"name", "n"}
+    text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=40, temperature=0, response_format=SCHEMA_FORMAT, stream=True)
+        if c.choices)
+    assert text == want.text
+    for seed in range(3):  # sampled
+        resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=1.0,
+                                              seed=seed, response_format=SCHEMA_FORMAT)
+        assert set(json.loads(resp.choices[0].message.content)) == {"name", "n"}
+    obj = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 8, "temperature": 0,
+                                                  "response_format": {"type": "json_object"}}).json()
+    assert obj["choices"][0]["message"]["content"].startswith("{")
+    obj = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+                                             "response_format": {"type": "regex", "regex": "(yes|no)"}}).json()
+    assert obj["choices"][0]["text"] in ("yes", "no")
+
+
 def test_a_seed_gives_plain_decodings_output_whatever_the_method(client, reference, draft_reference):
     """Seeded drafter-invariant sampling (the default with a seed): the draft server returns
     what plain decoding returns for that seed; seed_mode "rejection" keeps rejection sampling."""
@@ -527,6 +563,18 @@ BAD = [
     ("completions", {"prompt": "a", "logit_bias": {"100000": 1}}, 400, "token ids", "logit_bias"),
     ("completions", {"prompt": "a", "logit_bias": {"5": 101}}, 400, "[-100, 100]", "logit_bias"),
     ("completions", {"prompt": "a", "logit_bias": {"5": "1"}}, 400, "[-100, 100]", "logit_bias"),
+    ("completions", {"prompt": "a", "response_format": {"type": "xml"}}, 400, "response_format type",
+     "response_format"),
+    ("completions", {"prompt": "a", "response_format": "json"}, 400, "response_format", "response_format"),
+    ("completions", {"prompt": "a", "response_format": {"type": "json_schema"}}, 400, "json_schema",
+     "response_format"),
+    ("completions", {"prompt": "a", "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "nope"}}}}, 400, "schema", "response_format"),
+    ("completions", {"prompt": "a", "response_format": {"type": "regex", "regex": "(a"}}, 400, "regex",
+     "response_format"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "minProperties": "2"}}}},
+     400, "schema", "response_format"),
     ("completions", [1, 2], 400, "JSON object", None),
     ("completions", "null", 400, "JSON object", None),
     ("completions", b"{not json", 400, "JSON", None),

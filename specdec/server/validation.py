@@ -7,13 +7,16 @@ names the parameter (see fields.py).
 
 logprobs: chat takes `logprobs: true` + `top_logprobs: N`, completions `logprobs: N` (and
 `echo`, which with logprobs also scores the prompt); logit_bias keys are token ids written as
-strings, checked against the vocabulary."""
+strings, checked against the vocabulary. response_format (json_object, json_schema, and the
+extensions regex and lark: specdec.grammar) is compiled here, so a bad schema is a 400."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 
 from specdec.chat_template import ChatTemplate, ChatTemplateError
+from specdec.errors import SpecdecError
+from specdec.grammar import Grammar, grammar_from_response_format
 from specdec.sampling import (
     LOGIT_BIAS_BOUNDS,
     OPTIONAL_BOUNDS,
@@ -64,7 +67,6 @@ UNSUPPORTED = {
     "functions": ([],),
     "tool_choice": ("none",),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
     "chat_template": (),  # only the model's own template is ever rendered
 }
 # the same, for a parameter only the other endpoint takes
@@ -211,6 +213,7 @@ class RequestParser:
         self.tokenizer = decoder.tokenizer
         self.context_window = decoder.context_window
         self.vocab_size = decoder.vocab_size
+        self.grammars = decoder.engine.grammars
         self.served_name = served_name
         self.max_tokens_limit = max_tokens_limit
         self.chat_template = chat_template
@@ -247,6 +250,9 @@ class RequestParser:
         sampling = {f.key: get_number(body, f.key, f.bounds, f.default) for f in SAMPLING_FIELDS}
         sampling["stop"] = get_stop(body)
         sampling["logit_bias"] = get_logit_bias(body, self.vocab_size)
+        grammar = self._grammar(body)
+        if grammar is not None:
+            sampling["grammar"] = grammar
         logprobs = get_logprobs(body, kind)
         if logprobs is not None:
             sampling["logprobs"] = logprobs
@@ -259,6 +265,15 @@ class RequestParser:
             sampling["seed_mode"] = seed_mode
         user = get_str(body, "user")
         return GenerationRequest(kind, [], n, stream, include_usage, sampling, seed, user, logprobs)
+
+    def _grammar(self, body: dict) -> Grammar | None:
+        try:
+            grammar = grammar_from_response_format(body.get("response_format"))
+            if grammar is not None:
+                self.grammars.check(grammar)  # compiled now: a bad schema is the client's 400
+        except SpecdecError as e:
+            raise bad_request(str(e), "response_format") from None
+        return grammar
 
     def _max_tokens(self, body: dict, req: GenerationRequest, default: int | None, prompt_param: str) -> int:
         prompt_len = max(len(p.ids) for p in req.prompts)  # the longest prompt must fit
