@@ -316,6 +316,82 @@ def test_response_format(client, http, reference):
     assert obj["choices"][0]["text"] in ("yes", "no")
 
 
+TOOLS = [{"type": "function", "function": {"name": "get_time", "description": "Time in a zone", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
+    "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9},
+                                         "b": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["a", "b"], "additionalProperties": False}}}]
+
+
+@pytest.fixture(scope="module")
+def tool_server(tmp_path_factory):
+    """A server whose tiny model has room for the tool prompt (~1000 tokens of its small BPE)."""
+    folder = make_model_dir(tmp_path_factory.mktemp("tools") / "tiny", max_pos=1536)
+    live = LiveServer(create_app(specdec.load(folder, folder, method="draft", draft_tokens=K),
+                                 ServerSettings(model_name=MODEL, api_key=API_KEY)))
+    yield live, specdec.load(folder)
+    live.stop()
+
+
+def test_tools(tool_server):
+    """tool_choice required / named: the reply is the library's constrained greedy output on the
+    prompt with the tool prompt, parsed into tool_calls (finish_reason tool_calls), also streamed;
+    parallel_tool_calls=false gives one call; tool results and earlier calls are accepted."""
+    pytest.importorskip("llguidance")
+    from specdec.tools import Tool, ToolSettings, call_grammar, parse_calls, render_messages
+
+    server, reference = tool_server
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    http = httpx.Client(base_url=server.url, headers=AUTH, timeout=60)
+
+    settings = ToolSettings(tuple(Tool(t["function"]["name"], t["function"].get("description", ""),
+                                       t["function"]["parameters"]) for t in TOOLS), "required")
+    messages = [{"role": "user", "content": "what time is it in utc?"}]
+    want = greedy(reference, chat_prompt(render_messages(messages, settings, False)), 120,
+                  grammar=call_grammar(settings))
+    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=120, temperature=0,
+                                          tools=TOOLS, tool_choice="required")
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = choice.message.tool_calls
+    assert calls and {c.function.name for c in calls} <= {"get_time", "add"}
+    _, want_calls = parse_calls(want.text, settings)  # the library's greedy reply, parsed
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in want_calls] == \
+        [(c.function.name, c.function.arguments) for c in calls]
+    for c in calls:
+        args = json.loads(c.function.arguments)
+        assert set(args) == ({"zone"} if c.function.name == "get_time" else {"a", "b"})
+    streamed = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=120, temperature=0,
+                                                   tools=TOOLS, tool_choice="required", stream=True))
+    deltas = [c.choices[0].delta for c in streamed if c.choices and c.choices[0].delta.tool_calls]
+    assert [(t.function.name, t.function.arguments) for t in deltas[0].tool_calls] == \
+        [(c.function.name, c.function.arguments) for c in calls]
+    assert [c.choices[0].finish_reason for c in streamed if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    assert not any(c.choices[0].delta.content for c in streamed if c.choices)
+
+    named = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=120, temperature=0,
+                                           tools=TOOLS, parallel_tool_calls=False,
+                                           tool_choice={"type": "function", "function": {"name": "add"}})
+    assert [c.function.name for c in named.choices[0].message.tool_calls] == ["add"]
+
+    history = messages + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": calls[0].id, "type": "function", "function": {"name": calls[0].function.name,
+                                                             "arguments": calls[0].function.arguments}}]},
+        {"role": "tool", "tool_call_id": calls[0].id, "content": "12:00"}]
+    want = greedy(reference, chat_prompt(render_messages(
+        [{"role": m["role"], "content": m["content"] or "", **({"tool_calls": m["tool_calls"]} if "tool_calls" in m
+                                                                else {})} for m in history],
+        ToolSettings(settings.tools, "none"), False)), N)
+    resp = http.post("/v1/chat/completions", json={"messages": history, "max_tokens": N, "temperature": 0,
+                                                   "tools": TOOLS, "tool_choice": "none"}).json()
+    assert resp["choices"][0]["message"] == {"role": "assistant", "content": want.text}
+    auto = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": N, "temperature": 0,
+                                                   "tools": TOOLS}).json()["choices"][0]
+    assert auto["finish_reason"] in ("stop", "length") and "tool_calls" not in auto["message"]  # a random model
+
+
 def test_a_seed_gives_plain_decodings_output_whatever_the_method(client, reference, draft_reference):
     """Seeded drafter-invariant sampling (the default with a seed): the draft server returns
     what plain decoding returns for that seed; seed_mode "rejection" keeps rejection sampling."""
@@ -563,6 +639,32 @@ BAD = [
     ("completions", {"prompt": "a", "logit_bias": {"100000": 1}}, 400, "token ids", "logit_bias"),
     ("completions", {"prompt": "a", "logit_bias": {"5": 101}}, 400, "[-100, 100]", "logit_bias"),
     ("completions", {"prompt": "a", "logit_bias": {"5": "1"}}, 400, "[-100, 100]", "logit_bias"),
+    ("completions", {"prompt": "a", "tools": TOOLS}, 400, "tools", "tools"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": {"a": 1}}, 400, "tools", "tools"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "code"}]}, 400,
+     "function tools", "tools"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [
+        {"type": "function", "function": {"name": "a b"}}]}, 400, "letters", "tools"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS[:1] * 2}, 400, "twice",
+     "tools"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}], "tool_choice": "required"},
+     400, "parameters", "tools"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, 400,
+     "needs tools", "tool_choice"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "tool_choice": "always"},
+     400, "tool_choice", "tool_choice"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+                          "tool_choice": {"type": "function", "function": {"name": "nope"}}}, 400, "not among",
+     "tool_choice"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+                          "parallel_tool_calls": "no"}, 400, "parallel_tool_calls", "parallel_tool_calls"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "tool_choice": "required",
+                          "response_format": {"type": "json_object"}}, 400, "response_format", "tool_choice"),
+    ("chat/completions", {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {
+        "name": "f"}}]}]}, 400, "arguments", "messages[0].tool_calls"),
+    ("chat/completions", {"messages": [{"role": "tool", "content": "x", "tool_call_id": 5}]}, 400, "tool_call_id",
+     "messages[0].tool_call_id"),
     ("completions", {"prompt": "a", "response_format": {"type": "xml"}}, 400, "response_format type",
      "response_format"),
     ("completions", {"prompt": "a", "response_format": "json"}, 400, "response_format", "response_format"),

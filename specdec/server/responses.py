@@ -19,6 +19,7 @@ from specdec.engine import GenerationResult, StreamChunk
 from specdec.logprobs import TextOffsets, TokenLogprob, TokenTexts
 from specdec.server.validation import GenerationRequest
 from specdec.stats import GenerationStats
+from specdec.tools import parse_calls
 
 DONE = "data: [DONE]\n\n"
 
@@ -124,11 +125,23 @@ def choice_logprobs(head: ResponseHeader, req: GenerationRequest, result: Genera
     return _joined(writer.prompt(result.prompt_logprobs), generated) if req.echo else generated
 
 
+def chat_message(req: GenerationRequest, result: GenerationResult) -> tuple[dict, str]:
+    """The assistant message and finish reason of a chat choice: with tools, a reply that calls
+    them becomes tool_calls (finish_reason "tool_calls")."""
+    if req.tools is None:
+        return {"role": "assistant", "content": result.text}, result.finish_reason
+    content, calls = parse_calls(result.text, req.tools)
+    if calls is None:
+        return {"role": "assistant", "content": result.text}, result.finish_reason
+    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+
+
 def completion_object(head: ResponseHeader, req: GenerationRequest, results: Sequence[GenerationResult]) -> dict:
     """The whole (non-streamed) response."""
     if head.chat:
-        choices = [{"index": i, "message": {"role": "assistant", "content": r.text},
-                    "logprobs": choice_logprobs(head, req, r, i), "finish_reason": r.finish_reason}
+        messages = [chat_message(req, r) for r in results]
+        choices = [{"index": i, "message": messages[i][0],
+                    "logprobs": choice_logprobs(head, req, r, i), "finish_reason": messages[i][1]}
                    for i, r in enumerate(results)]
     else:
         choices = [{"index": i, "text": (req.prompt_of(i).text if req.echo else "") + r.text,
@@ -178,6 +191,8 @@ class ChoiceStream:
     def __init__(self, head: ResponseHeader, req: GenerationRequest, index: int):
         self.head, self.req, self.index = head, req, index
         self.started = False
+        # with tools offered, the reply's text is held back until it is known whether it calls them
+        self.hold = head.chat and req.tools is not None and req.tools.active
         self.logprobs = ChoiceLogprobs(head, req, index) if req.logprobs is not None else None
 
     def opening(self, chunk: StreamChunk | None, result: GenerationResult | None) -> list[dict]:
@@ -201,6 +216,8 @@ class ChoiceStream:
         logprobs = None
         if self.logprobs is not None and chunk is not None and chunk.token_logprobs:
             logprobs = self.logprobs.take(chunk.token_ids, chunk.token_logprobs)
+        if self.hold:
+            text = ""
         if not text and logprobs is None:
             return []
         return [_chunk(self.head, [_text_choice(self.head, self.index, text, logprobs=logprobs)])]
@@ -212,6 +229,17 @@ class ChoiceStream:
             logprobs = self.logprobs.rest(result)
         if not self.head.chat:
             return [_chunk(self.head, [_text_choice(self.head, self.index, text, result.finish_reason, logprobs)])]
+        finish = result.finish_reason
+        if self.hold:  # the whole reply, as text or as tool calls
+            message, finish = chat_message(self.req, result)
+            if "tool_calls" in message:
+                calls = [{"index": j, **call} for j, call in enumerate(message["tool_calls"])]
+                delta = {"content": message["content"], "tool_calls": calls} if message["content"] else \
+                    {"tool_calls": calls}
+                out = [_chunk(self.head, [{"index": self.index, "delta": delta, "logprobs": logprobs,
+                                           "finish_reason": None}])]
+                return out + [finish_chunk(self.head, self.index, "", finish)]
+            text = result.text
         out = [_chunk(self.head, [_text_choice(self.head, self.index, text, logprobs=logprobs)])] \
             if text or logprobs is not None else []
-        return out + [finish_chunk(self.head, self.index, text, result.finish_reason)]
+        return out + [finish_chunk(self.head, self.index, text, finish)]

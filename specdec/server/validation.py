@@ -26,9 +26,10 @@ from specdec.sampling import (
     is_integer,
     is_number,
 )
-from specdec.server.chat import parse_messages
+from specdec.server.chat import parse_messages, parse_tools
 from specdec.server.errors import bad_request
 from specdec.server.fields import check_model, check_text, describe, get_bool, get_number, get_str, short
+from specdec.tools import ToolSettings, call_grammar, render_messages
 
 MAX_N = 8
 MAX_STOP = 4
@@ -63,15 +64,13 @@ MAX_TOKENS_KEYS = {"completion": ("max_tokens",), "chat": ("max_completion_token
 # Accepted only at their "off" value: anything else is refused instead of silently ignored.
 UNSUPPORTED = {
     "suffix": ("",),
-    "tools": ([],),
-    "functions": ([],),
-    "tool_choice": ("none",),
+    "functions": ([],),  # the deprecated form of tools
     "function_call": ("none",),
     "chat_template": (),  # only the model's own template is ever rendered
 }
 # the same, for a parameter only the other endpoint takes
 UNSUPPORTED_BY_KIND = {
-    "completion": {"top_logprobs": (0,)},  # completions take logprobs: N
+    "completion": {"top_logprobs": (0,), "tools": ([],), "tool_choice": ("none",)},  # completions take logprobs: N
     "chat": {"echo": (False,)},
 }
 
@@ -99,6 +98,7 @@ class GenerationRequest:
     user: str | None = None
     logprobs: int | None = None  # None: no logprobs; N: with the N most likely alternatives
     echo: bool = False  # completions: the prompt is prepended to each choice's text
+    tools: ToolSettings | None = None  # chat with tools: replies are parsed for tool calls
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -230,8 +230,26 @@ class RequestParser:
     def chat(self, body: dict) -> GenerationRequest:
         req = self._common(body, "chat")
         messages = parse_messages(body)
+        tools = parse_tools(body)
+        openai_tools = None
+        if tools is not None:
+            req.tools = tools
+            messages = render_messages(messages, tools, self.chat_template.takes_tools)
+            openai_tools = [t.openai() for t in tools.tools] if tools.active else None
+            grammar = call_grammar(tools)
+            if grammar is not None:
+                if "grammar" in req.sampling:
+                    raise bad_request("tool_choice required (or a named function) cannot be combined with "
+                                      "response_format", "tool_choice")
+                try:
+                    self.grammars.check(grammar)
+                except SpecdecError as e:
+                    raise bad_request(f"a tool's parameters are not a usable JSON schema: {e}", "tools") from None
+                req.sampling["grammar"] = grammar
+        elif any("tool_calls" in m or m["role"] == "tool" for m in messages):
+            messages = render_messages(messages, ToolSettings(()), self.chat_template.takes_tools)
         try:
-            text = self.chat_template.render(messages)
+            text = self.chat_template.render(messages, openai_tools)
         except ChatTemplateError as e:
             raise bad_request(str(e), "messages") from None
         req.prompts = [Prompt(self.tokenizer.encode(text))]
