@@ -274,6 +274,19 @@ def test_greedy_identity_with_a_grammar(dirs, plain, method):
     assert drafted > 0
 
 
+@pytest.mark.parametrize("method", ["draft", "ngram", "eagle"])
+def test_seeded_identity_with_a_grammar(dirs, plain, method):
+    """Seeded drafter-invariant sampling: every method gives plain decoding's tokens for a seed."""
+    target, drafters = dirs
+    spec = specdec.load(target=target, draft=drafters[method], method=method, dtype="float64",
+                        draft_tokens=4 if method != "eagle" else 8)
+    for seed in range(3):
+        kw = dict(max_new_tokens=60, temperature=0.9, seed=seed, response_format=FORMATS["schema"])
+        want = plain.generate("x = ", **kw)
+        assert spec.generate("x = ", **kw).token_ids == want.token_ids
+        assert want.finish_reason == "stop" and valid("schema", want.text), want.text
+
+
 def test_sampled_output_follows_the_grammar(dirs):
     target, drafters = dirs
     spec = specdec.load(target=target, draft=drafters["draft"], method="draft", draft_tokens=4)
@@ -318,3 +331,84 @@ def test_batched_generation_with_a_grammar_equals_generate(dirs, plain):
     want = [plain.generate(p, max_new_tokens=60, response_format=FORMATS["schema"]).token_ids for p in prompts]
     got = spec.generate_batch(prompts, max_batch=2, max_new_tokens=60, response_format=FORMATS["schema"])
     assert [r.token_ids for r in got] == want
+
+
+# ---------------------------------------------------------------- chi-square through the engine
+
+class NoEosToy(ToyMatcher):
+    """The toy grammar, and token 0 (the tiny models' EOS) never: every sample has NEW tokens."""
+
+    def allowed(self) -> torch.Tensor:
+        row = super().allowed()
+        row[0] = False
+        return row
+
+
+class ToyCompiler:
+    """Stands in for the engine's GrammarCompiler: every grammar is the toy one."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def state(self, grammar: Grammar) -> GrammarState:
+        return GrammarState(NoEosToy(self.vocab_size), self.vocab_size)
+
+
+def toy_joint(target_dir, params: SamplingParams) -> dict:
+    """The constrained target's exact joint of the first NEW (= 2) tokens, one prefix at a time."""
+    from distribution import NEW, PROMPT, reference_probs
+    from distribution import V as DV
+    assert NEW == 2
+    model = specdec.load(target=target_dir, dtype="float64").engine.target.model
+
+    def row(output: list[int]) -> torch.Tensor:
+        matcher = NoEosToy(DV)
+        matcher.try_consume(output)
+        with torch.no_grad():
+            logits = model(torch.tensor([PROMPT + output]))[0, -1]
+        return reference_probs(logits.masked_fill(~matcher.allowed(), float("-inf")), params, PROMPT, output)
+
+    first = row([])
+    return {(a, b): float(first[a] * second[b]) for a in range(DV) if first[a] > 0
+            for second in [row([a])] for b in range(DV)}
+
+
+def grammar_p_value(decoder, target_dir, params_kw: dict) -> float:
+    from distribution import N_QUICK, NEW, PROMPT, chi_square_p
+    decoder.engine._grammars = ToyCompiler(decoder.vocab_size)
+    counts: dict = {}
+    try:
+        for seed in range(N_QUICK):
+            ids = tuple(decoder.generate(PROMPT, max_new_tokens=NEW, seed=seed, seed_mode="rejection",
+                                         grammar=Grammar("regex", "toy"), **params_kw).token_ids)
+            counts[ids] = counts.get(ids, 0) + 1
+        return chi_square_p(counts, toy_joint(target_dir, SamplingParams(**params_kw)))
+    except (AssertionError, SpecdecError):  # emitted a token the grammar refuses (caught at commit or here)
+        return 0.0
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    from distribution import tiny_model_dir
+    return (tiny_model_dir(tmp_path_factory.mktemp("gt"), seed=1, scale=0.5),
+            tiny_model_dir(tmp_path_factory.mktemp("gd"), seed=1, scale=0.35))
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_constrained_sampling_matches_the_constrained_target(tiny_dirs, method):
+    pytest.importorskip("scipy")
+    target, draft = tiny_dirs
+    decoder = specdec.load(target=target, draft=draft if method == "draft" else None, method=method,
+                           draft_tokens=2)
+    params_kw = dict(temperature=1.0, presence_penalty=0.5)
+    assert grammar_p_value(decoder, target, params_kw) > 1e-3
+
+
+def test_masks_that_ignore_the_drafts_fail_the_same_test(tiny_dirs, monkeypatch):
+    """Power check: the target's rows masked by the committed output only."""
+    pytest.importorskip("scipy")
+    import specdec.engine
+    monkeypatch.setattr(specdec.engine, "chain_paths", lambda drafts: [[] for _ in range(len(drafts) + 1)])
+    target, draft = tiny_dirs
+    decoder = specdec.load(target=target, draft=draft, method="draft", draft_tokens=2)
+    assert grammar_p_value(decoder, target, dict(temperature=1.0)) < 1e-3
