@@ -169,6 +169,19 @@ def test_completion_greedy_matches_library(client, reference):
     assert spec["mean_accepted_length"] > 1
 
 
+def test_fingerprint_and_usage_details(client, http):
+    resp = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=N, temperature=0)
+    assert resp.system_fingerprint == f"specdec-{specdec.__version__}-draft"
+    details = resp.usage.completion_tokens_details
+    spec = resp.model_extra["speculative"]
+    assert details.accepted_prediction_tokens == spec["accepted_tokens"] > 0
+    assert details.rejected_prediction_tokens == spec["drafted_tokens"] - spec["accepted_tokens"]
+    assert resp.usage.prompt_tokens_details.cached_tokens == 0
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=4, stream=True))
+    assert {c.system_fingerprint for c in chunks} == {f"specdec-{specdec.__version__}-draft"}
+
+
 def test_completion_prompt_forms(client, reference):
     want = greedy(reference, PROMPT).text
     ids = reference.tokenizer.encode(PROMPT)

@@ -15,6 +15,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specdec import __version__
 from specdec.engine import GenerationResult, StreamChunk
 from specdec.logprobs import TextOffsets, TokenLogprob, TokenTexts
 from specdec.server.validation import GenerationRequest
@@ -41,10 +42,22 @@ def speculative(method: str, results: Sequence[GenerationResult]) -> dict:
             "acceptance_rate": stats.acceptance_rate, "lossy": stats.lossy}
 
 
+def system_fingerprint(method: str) -> str:
+    """Which build and configuration answered (OpenAI: changes when results may change)."""
+    return f"specdec-{__version__}-{method}"
+
+
 def usage(req: GenerationRequest, results: Sequence[GenerationResult]) -> dict:
+    """OpenAI's usage, with its details: speculation fills the predicted-output fields (drafted
+    tokens the target accepted / rejected); no prompt cache, no reasoning tokens."""
     completion = sum(len(r.token_ids) for r in results)
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    rejected = sum(r.stats.drafted_tokens for r in results) - accepted
     return {"prompt_tokens": req.prompt_tokens, "completion_tokens": completion,
-            "total_tokens": req.prompt_tokens + completion}
+            "total_tokens": req.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": accepted,
+                                          "rejected_prediction_tokens": rejected}}
 
 
 @dataclass(frozen=True)
@@ -58,7 +71,8 @@ class ResponseHeader:
     tokens: TokenTexts | None = None  # token text and bytes, for logprobs
 
     def fields(self, object_type: str) -> dict:
-        return {"id": self.id, "object": object_type, "created": self.created, "model": self.model}
+        return {"id": self.id, "object": object_type, "created": self.created, "model": self.model,
+                "system_fingerprint": system_fingerprint(self.method)}
 
 
 # ---------------------------------------------------------------- logprobs
