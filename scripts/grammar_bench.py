@@ -6,8 +6,8 @@ grammar's cost: mask time per emitted token and per mask computed.
 
     OMP_NUM_THREADS=2 python scripts/grammar_bench.py --target smollm2 --methods none,ngram --prompts 50
     OMP_NUM_THREADS=1 python scripts/grammar_bench.py --prompts 2 --tokens 32   # a quick check
-    # the bundled family has every method: --target pycode-target (default draft/heads)
-    #   --methods none,draft,ngram,eagle
+    # the bundled family has every method (its own draft and heads):
+    OMP_NUM_THREADS=2 python scripts/grammar_bench.py --target bundled --methods none,draft,ngram,eagle
 """
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ class MaskClock:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--target", default="smollm2")
+    parser.add_argument("--target", default="smollm2", help="a model, or 'bundled' for the bundled family")
     parser.add_argument("--draft", default=None, help="draft model / head folder (default: the bundled one)")
     parser.add_argument("--methods", default="none,ngram")
     parser.add_argument("--prompts", type=int, default=50)
@@ -129,7 +129,8 @@ def main() -> None:
     clock = MaskClock()
     rows, reference = [], {}
     for method in args.methods.split(","):
-        decoder = specdec.load(args.target, args.draft if method != "none" else None, method=method, dtype=args.dtype)
+        target = None if args.target == "bundled" else args.target
+        decoder = specdec.load(target, args.draft if method != "none" else None, method=method, dtype=args.dtype)
         template = ChatTemplate.from_tokenizer_config(decoder.tokenizer.config)
         work = [(template.render(messages), schema) for messages, schema in requests(args.prompts)]
         decoder.generate(work[0][0], max_new_tokens=8)  # warm-up

@@ -12,7 +12,8 @@ emitted from: the refused draft has probability 0 under the constrained target, 
 rejected there (greedy never picks it), and what was drafted after it is dropped; such rows
 get an all-allowed mask, which keeps them finite. Emitted tokens are committed to the matcher
 (GrammarState.commit). Masks are cached per path within a step, so the target's rows reuse
-the masks the drafter already computed.
+the masks the drafter already computed. Tokens the grammar forces (GrammarState.forced) are
+free drafts for prompt lookup: the constrained target gives them probability 1.
 
 The matcher is llguidance (Rust, no dependencies, an Earley parser built lazily: no up-front
 compile; scripts/grammar_mask_cost.py measures it against xgrammar and outlines-core). The
@@ -140,6 +141,21 @@ class GrammarState:
             if tokens[n - 1] in self.eos_ids:  # the output ends there
                 break
         return n
+
+    def forced(self, path: list[int], limit: int) -> list[int]:
+        """Up to `limit` tokens the grammar forces after the output plus path (each the only
+        token allowed where it stands): free drafts that the constrained target always
+        accepts, e.g. the keys and punctuation of a JSON schema."""
+        out: list[int] = []
+        while len(out) < limit:
+            row = self.mask(path + out)
+            if int(row.sum()) != 1:
+                break
+            token = int(row.nonzero()[0, 0])
+            out.append(token)
+            if token in self.eos_ids:
+                break
+        return out
 
     def _walk(self, path: list[int]) -> torch.Tensor:
         if any(t in self.eos_ids for t in path):

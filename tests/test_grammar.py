@@ -310,7 +310,7 @@ def test_bad_grammars_are_refused(plain):
         plain.generate("x", response_format={"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}})
 
 
-def test_prompt_lookup_cuts_proposals_that_leave_the_grammar():
+def test_prompt_lookup_cuts_proposals_that_leave_the_grammar_and_adds_forced_tokens():
     from specdec.proposers import PromptLookupProposer
     params = SamplingParams(temperature=1.0)
     history = history_with_grammar(params, V)  # last generated token: 2
@@ -321,7 +321,11 @@ def test_prompt_lookup_cuts_proposals_that_leave_the_grammar():
     assert proposer.propose([2, 2], 4, params, None, history=history).tokens == []  # 2 after 2: nothing left
     history.extend([0])  # now after 0: 1 and 2 allowed
     context = [0, 2, 1, 1, 0]  # an earlier 0 was followed by 2, 1, 1 (1 after 1 is refused)
-    assert proposer.propose(context, 4, params, None, history=history).tokens == [2, 1]
+    # cut after 2, 1; then 0 is forced (the only token allowed after 1), after 0 two are allowed
+    assert proposer.propose(context, 4, params, None, history=history).tokens == [2, 1, 0]
+    history.extend([1])  # after 1 only 0 is allowed: forced even without a lookup match
+    assert proposer.propose([5], 4, params, None, history=history).tokens == [0]
+    assert proposer.propose([5], 4, params, None).tokens == []
 
 
 def test_batched_generation_with_a_grammar_equals_generate(dirs, plain):
