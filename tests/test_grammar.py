@@ -398,14 +398,18 @@ def tiny_dirs(tmp_path_factory):
             tiny_model_dir(tmp_path_factory.mktemp("gd"), seed=1, scale=0.35))
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram"])
-def test_constrained_sampling_matches_the_constrained_target(tiny_dirs, method):
+@pytest.mark.parametrize("method", ["draft", "ngram", "medusa"])
+def test_constrained_sampling_matches_the_constrained_target(tiny_dirs, method, tmp_path):
     pytest.importorskip("scipy")
     target, draft = tiny_dirs
-    decoder = specdec.load(target=target, draft=draft if method == "draft" else None, method=method,
-                           draft_tokens=2)
+    drafter = {"draft": draft, "ngram": None, "medusa": make_medusa_dir(tmp_path / "m", target)}[method]
+    decoder = specdec.load(target=target, draft=drafter, method=method, draft_tokens=2 if method != "medusa" else 12)
     params_kw = dict(temperature=1.0, presence_penalty=0.5)
     assert grammar_p_value(decoder, target, params_kw) > 1e-3
+    from distribution import NEW, PROMPT
+    drafted = sum(decoder.generate(PROMPT, max_new_tokens=NEW, seed=s, grammar=Grammar("regex", "toy"),
+                                   **params_kw).stats.drafted_tokens for s in range(5))
+    assert drafted > 0
 
 
 def test_masks_that_ignore_the_drafts_fail_the_same_test(tiny_dirs, monkeypatch):
