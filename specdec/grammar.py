@@ -251,6 +251,8 @@ class GrammarCompiler:
         return text
 
     def state(self, grammar: Grammar) -> GrammarState:
+        if not self.eos_ids:  # the grammar's end must be a token that ends the generation
+            raise SpecdecError("structured output needs a model with an end-of-sequence token")
         from llguidance import LLMatcher
         text = self.check(grammar)
         with self._lock:
