@@ -10,6 +10,7 @@ from specdec.batch_engine import BatchEngine
 from specdec.bundled import DEFAULT_DRAFT, DEFAULT_EAGLE, DEFAULT_MEDUSA, DEFAULT_TARGET
 from specdec.engine import Engine, GenerationResult, StreamChunk
 from specdec.errors import SpecdecError
+from specdec.grammar import grammar_from_response_format
 from specdec.models.checkpoint import load_native, open_model, parse_dtype
 from specdec.models.config import SUPPORTED_MODEL_TYPES
 from specdec.models.quant import DEFAULT_GROUP_SIZE, QUANT_MODES, quantize_model
@@ -135,6 +136,13 @@ class SpecDecoder:
 
     @staticmethod
     def sampling_params(**sampling) -> SamplingParams:
+        """SamplingParams from keyword arguments; `response_format` (OpenAI's shape, see
+        grammar.grammar_from_response_format) is another way to give `grammar`."""
+        if "response_format" in sampling:
+            grammar = grammar_from_response_format(sampling.pop("response_format"))
+            if grammar is not None and sampling.get("grammar") is not None:
+                raise SpecdecError("give either response_format or grammar, not both")
+            sampling.setdefault("grammar", grammar)
         if "stop" in sampling:
             stop = sampling["stop"]
             sampling["stop"] = (stop,) if isinstance(stop, str) else tuple(stop or ())

@@ -78,13 +78,20 @@ class ChatTemplate:
         return cls(_pick_template(config.get("chat_template")), _token_text(config.get("bos_token")),
                    _token_text(config.get("eos_token")))
 
-    def render(self, messages: list[dict]) -> str:
-        """The prompt for the assistant's next message."""
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the template renders `tools` itself (else specdec.tools writes the tool prompt)."""
+        return self.template is not None and "tools" in self.source
+
+    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The prompt for the assistant's next message. tools: OpenAI tool objects, for a
+        template that takes them."""
         if self.template is None:
             return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+        extra = {"tools": tools} if tools else {}
         try:
             return self.template.render(messages=messages, add_generation_prompt=True,
-                                        bos_token=self.bos_token, eos_token=self.eos_token)
+                                        bos_token=self.bos_token, eos_token=self.eos_token, **extra)
         except ChatTemplateError:
             raise
         except Exception as e:  # noqa: BLE001 - a sandbox violation, an undefined name, a type error...

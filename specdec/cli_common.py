@@ -7,6 +7,7 @@ import argparse
 from specdec.api import METHODS, SpecDecoder, load
 from specdec.engine import GenerationStats
 from specdec.errors import SpecdecError
+from specdec.grammar import Grammar
 from specdec.models.quant import DEFAULT_GROUP_SIZE, QUANT_MODES
 from specdec.proposers.cross_vocab import CROSS_VOCAB_MODES
 from specdec.sampling import SEED_MODES
@@ -80,6 +81,39 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     add_seed_mode_arg(p)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_grammar_args(p)
+
+
+def add_grammar_args(p: argparse.ArgumentParser) -> None:
+    """Structured output (specdec/grammar.py; needs the `grammar` extra)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--json-schema", default=None, metavar="SCHEMA",
+                   help="the output is JSON matching this JSON schema (JSON text, or @file)")
+    g.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    g.add_argument("--regex", default=None, help="the output matches this regular expression")
+    g.add_argument("--lark", default=None, metavar="GRAMMAR", help="the output matches this Lark grammar (or @file)")
+
+
+def _text_or_file(value: str) -> str:
+    if not value.startswith("@"):
+        return value
+    try:
+        with open(value[1:], encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise SpecdecError(f"cannot read {value[1:]!r}: {e.strerror}") from None
+
+
+def grammar(args: argparse.Namespace) -> Grammar | None:
+    if getattr(args, "json_schema", None) is not None:
+        return Grammar("json_schema", _text_or_file(args.json_schema))
+    if getattr(args, "json_object", False):
+        return Grammar("json_object")
+    if getattr(args, "regex", None) is not None:
+        return Grammar("regex", args.regex)
+    if getattr(args, "lark", None) is not None:
+        return Grammar("lark", _text_or_file(args.lark))
+    return None
 
 
 def add_seed_mode_arg(p: argparse.ArgumentParser, default: str = "invariant") -> None:
@@ -102,7 +136,7 @@ def sampling(args: argparse.Namespace) -> dict:
     return dict(distribution(args), max_new_tokens=args.max_new_tokens, seed=args.seed, seed_mode=args.seed_mode,
                 stop=tuple(args.stop),
                 presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-                repetition_penalty=args.repetition_penalty)
+                repetition_penalty=args.repetition_penalty, grammar=grammar(args))
 
 
 def load_decoder(args: argparse.Namespace, **overrides) -> SpecDecoder:

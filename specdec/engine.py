@@ -15,6 +15,7 @@ import torch
 from specdec.calibrate import PassCosts, measure_pass_costs
 from specdec.controller import Controller, DraftLengthController, TreeSizeController
 from specdec.errors import SpecdecError
+from specdec.grammar import GrammarCompiler, GrammarState
 from specdec.logprobs import last_entries, token_logprobs
 from specdec.models.runner import Runner
 from specdec.penalties import chain_paths, history_for, tree_paths
@@ -80,6 +81,7 @@ class Engine:
         self.exact = exact
         self._controllers: dict[tuple, Controller] = {}
         self.pass_costs: PassCosts | None = None  # from calibrate(): the controllers' starting costs
+        self._grammars: GrammarCompiler | None = None  # built on the first constrained request
 
     def calibrate(self) -> PassCosts:
         """Time (and so warm up) the passes decoding will use; new controllers start from them."""
@@ -117,7 +119,7 @@ class Engine:
         """One controller per sampling setting, kept across generations: measured costs carry
         over, and acceptance (which depends on temperature and filters) is tracked apart."""
         key = (params.temperature, params.top_k, params.top_p, params.min_p, params.presence_penalty,
-               params.frequency_penalty, params.repetition_penalty, params.logit_bias)
+               params.frequency_penalty, params.repetition_penalty, params.logit_bias, params.grammar is not None)
         if key not in self._controllers:
             if len(self._controllers) >= 64:
                 self._controllers.pop(next(iter(self._controllers)))
@@ -133,6 +135,16 @@ class Engine:
             controller.draft_seconds_per_token = self.pass_costs.draft_seconds_per_token
         return controller
 
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Compiles grammars for this tokenizer (built on first use)."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.target.vocab_size, self.eos_ids)
+        return self._grammars
+
+    def grammar_state(self, params: SamplingParams) -> GrammarState | None:
+        return self.grammars.state(params.grammar) if params.grammar is not None else None
+
     # ---------------------------------------------------------------- one generation
     def new_sequence(self, prompt: str | list[int], params: SamplingParams, controller: Controller | None = None,
                      method: str | None = None) -> Sequence:
@@ -145,7 +157,7 @@ class Engine:
                        TextStream(self.tokenizer, params.stop),
                        GenerationStats(method or self.method, lossy=self.typical_acceptance and not params.greedy),
                        time.perf_counter(), context=list(prompt_ids), generated=[],
-                       history=history_for(params, prompt_ids, self.target.vocab_size),
+                       history=history_for(params, prompt_ids, self.target.vocab_size, self.grammar_state(params)),
                        token_logprobs=[] if params.logprobs is not None else None,
                        noise=PositionNoise(params.seed, self.target.vocab_size) if params.drafter_invariant else None)
         if params.prompt_logprobs is not None:

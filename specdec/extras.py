@@ -14,8 +14,9 @@ EXTRAS = {
     "bench": ("httpx", "matplotlib", "scipy", "rich", "transformers"),
     "train": ("rich",),
     "gguf": ("gguf", "transformers"),
-    "server": ("fastapi", "uvicorn", "prometheus_client", "jinja2"),
+    "server": ("fastapi", "uvicorn", "prometheus_client", "jinja2", "llguidance"),
     "chat": ("jinja2",),
+    "grammar": ("llguidance",),
 }
 
 

@@ -16,7 +16,8 @@ Conventions (OpenAI for presence/frequency/bias, Hugging Face and vLLM for repet
 - logit_bias is added last, so -100 bans a token and +100 all but forces it whatever the
   penalties did.
 The adjusted logits are clamped to the dtype's finite range, so an extreme repetition
-penalty gives a (degenerate but) finite distribution."""
+penalty gives a (degenerate but) finite distribution. A grammar (grammar.py) is the last
+adjustment: the tokens it refuses after a row's path get -inf, so they have probability 0."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import Protocol
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.grammar import GrammarState
 
 
 class Penalties(Protocol):
@@ -45,6 +47,7 @@ class PenaltyRows:
     in_prompt: torch.Tensor | None  # [V] bool; None unless repetition_penalty != 1
     bias_ids: torch.Tensor | None  # [B] token ids of logit_bias; None: no bias
     bias_values: torch.Tensor | None  # [B]
+    allowed: torch.Tensor | None = None  # [R, V] bool: the grammar's tokens after each row's path; None: no grammar
 
 
 def compute_dtype(logits: torch.Tensor) -> torch.dtype:
@@ -72,19 +75,24 @@ def adjust_logits(logits: torch.Tensor, params: Penalties, rows: PenaltyRows) ->
         bias = rows.bias_values.to(device=logits.device, dtype=logits.dtype)
         logits = logits.index_add(-1, rows.bias_ids.to(logits.device), bias.expand(*logits.shape[:-1], -1))
     limit = torch.finfo(logits.dtype).max
-    return logits.clamp(-limit, limit)
+    logits = logits.clamp(-limit, limit)
+    if rows.allowed is not None:
+        logits = logits.masked_fill(~rows.allowed.to(logits.device), float("-inf"))
+    return logits
 
 
 class TokenHistory:
     """The tokens of one sequence so far, kept as counts the engine updates after each step
-    (`extend`); built only when params.penalized, so plain sampling pays nothing."""
+    (`extend`), and its grammar's state; built only when params.penalized or a grammar
+    constrains the output, so plain sampling pays nothing."""
 
-    def __init__(self, params: Penalties, prompt_ids: list[int], vocab_size: int):
+    def __init__(self, params: Penalties, prompt_ids: list[int], vocab_size: int, grammar: GrammarState | None = None):
         for token, _ in params.logit_bias:
             if token >= vocab_size:
                 raise SpecdecError(f"logit_bias names token id {token}, outside the vocabulary "
                                    f"(ids 0 to {vocab_size - 1})")
         self.params = params
+        self.grammar = grammar
         self.counting = bool(params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0)
         self.output_counts = torch.zeros(vocab_size, dtype=torch.float64)
         self.in_prompt = None
@@ -98,6 +106,8 @@ class TokenHistory:
 
     def extend(self, tokens: list[int]) -> None:
         """Tokens appended to the output."""
+        if self.grammar is not None:
+            self.grammar.commit(tokens)
         if tokens and self.counting:
             self.output_counts.index_add_(0, torch.tensor(tokens, dtype=torch.long),
                                           torch.ones(len(tokens), dtype=torch.float64))
@@ -113,11 +123,15 @@ class TokenHistory:
                 tokens = [t for path in paths for t in path]
                 counts.index_put_((torch.tensor(row_index), torch.tensor(tokens)),
                                   torch.ones(len(tokens), dtype=torch.float64), accumulate=True)
-        return PenaltyRows(counts, self.in_prompt, self.bias_ids, self.bias_values)
+        allowed = self.grammar.masks(paths) if self.grammar is not None else None
+        return PenaltyRows(counts, self.in_prompt, self.bias_ids, self.bias_values, allowed)
 
 
-def history_for(params: Penalties, prompt_ids: list[int], vocab_size: int) -> TokenHistory | None:
-    return TokenHistory(params, prompt_ids, vocab_size) if params.penalized else None
+def history_for(params: Penalties, prompt_ids: list[int], vocab_size: int,
+                grammar: GrammarState | None = None) -> TokenHistory | None:
+    if params.penalized or grammar is not None:
+        return TokenHistory(params, prompt_ids, vocab_size, grammar)
+    return None
 
 
 def chain_paths(drafts: list[int]) -> list[list[int]]:

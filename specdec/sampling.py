@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.grammar import Grammar
 from specdec.penalties import PenaltyRows, adjust_logits
 
 
@@ -111,6 +112,9 @@ class SamplingParams:
     # sampling's tokens for that seed (seeded.py); "rejection" = rejection sampling, which
     # accepts more drafts but reproduces a seed only for the same method and settings
     seed_mode: str = "invariant"
+    # structured output: every position samples only among the tokens the grammar allows
+    # (grammar.py); None = unconstrained
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
@@ -164,6 +168,11 @@ def validate(p: SamplingParams) -> None:
         raise SpecdecError(f"seed_mode must be one of {', '.join(SEED_MODES)}, got {p.seed_mode!r}")
     if not isinstance(p.ignore_eos, bool):
         raise SpecdecError(f"ignore_eos must be true or false, got {p.ignore_eos!r}")
+    if p.grammar is not None:
+        if not isinstance(p.grammar, Grammar):
+            raise SpecdecError(f"grammar must be a specdec.grammar.Grammar, got {type(p.grammar).__name__}")
+        if p.ignore_eos:
+            raise SpecdecError("ignore_eos cannot be combined with a grammar (the grammar's end is an EOS)")
     for s in p.stop:
         if not isinstance(s, str) or not s:
             raise SpecdecError(f"stop strings must be non-empty strings, got {s!r}")
@@ -190,8 +199,9 @@ def final_probs(logits: torch.Tensor, params: SamplingParams, history: PenaltyRo
     logits = logits.to(dtype)
     if history is not None:
         logits = adjust_logits(logits, params, history)
-    elif params.penalized:
-        raise ValueError("penalized sampling needs each row's token history (penalties.TokenHistory.rows)")
+    elif params.penalized or params.grammar is not None:
+        raise ValueError("penalized or constrained sampling needs each row's token history "
+                         "(penalties.TokenHistory.rows)")
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(dtype)
     if params.top_k and params.top_k < logits.shape[-1]:

@@ -51,6 +51,23 @@ def test_generate_json_shape(capsys, model_dir):
     assert d["stats"]["drafted_tokens"] == 0 and d["stats"]["acceptance_rate"] is None
 
 
+def test_generate_with_a_grammar(capsys, model_dir, tmp_path):
+    pytest.importorskip("llguidance")
+    code, out, _ = run(capsys, "generate", "def f", "--target", model_dir, "--json", "--max-new-tokens", 30,
+                       "--regex", "(yes|no|maybe)")
+    assert code == 0 and json.loads(out)["samples"][0]["text"] in ("yes", "no", "maybe")
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                                  "additionalProperties": False}))
+    code, out, _ = run(capsys, "generate", "def f", "--target", model_dir, "--json", "--max-new-tokens", 30,
+                       "--json-schema", f"@{schema}", "--method", "ngram")
+    assert code == 0 and json.loads(json.loads(out)["samples"][0]["text"]) in ({"ok": True}, {"ok": False})
+    code, _, err = run(capsys, "generate", "def f", "--target", model_dir, "--regex", "(a")
+    assert code == 2 and "regex" in err and "Traceback" not in err
+    code, _, err = run(capsys, "generate", "def f", "--target", model_dir, "--json-schema", "@/nonexistent.json")
+    assert code == 2 and "cannot read" in err
+
+
 def test_generate_streams_text_and_summary(capsys, model_dir):
     code, out, err = run(capsys, "generate", "def f", "--target", model_dir, "--max-new-tokens", 5,
                          "--method", "ngram")

@@ -169,6 +169,19 @@ def test_completion_greedy_matches_library(client, reference):
     assert spec["mean_accepted_length"] > 1
 
 
+def test_fingerprint_and_usage_details(client, http):
+    resp = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=N, temperature=0)
+    assert resp.system_fingerprint == f"specdec-{specdec.__version__}-draft"
+    details = resp.usage.completion_tokens_details
+    spec = resp.model_extra["speculative"]
+    assert details.accepted_prediction_tokens == spec["accepted_tokens"] > 0
+    assert details.rejected_prediction_tokens == spec["drafted_tokens"] - spec["accepted_tokens"]
+    assert resp.usage.prompt_tokens_details.cached_tokens == 0
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=4, stream=True))
+    assert {c.system_fingerprint for c in chunks} == {f"specdec-{specdec.__version__}-draft"}
+
+
 def test_completion_prompt_forms(client, reference):
     want = greedy(reference, PROMPT).text
     ids = reference.tokenizer.encode(PROMPT)
@@ -244,6 +257,152 @@ def test_n_and_seed(client, draft_reference):
         for c in chunk.choices:
             texts[c.index] += c.delta.content or ""
     assert texts == want
+
+
+def test_batched_prompts(client, http, draft_reference):
+    """A list of prompts: prompt p's i-th choice has index p * n + i (OpenAI's numbering) and is
+    what the library gives that prompt with seed + i; usage sums the prompts once each."""
+    ids = draft_reference.tokenizer.encode("import os")
+    prompts = [PROMPT, "class Stack:", ids]
+    n, seed = 2, 11
+    want = [draft_reference.generate(p, temperature=1.0, top_k=50, max_new_tokens=N, seed=seed + i)
+            for p in prompts for i in range(n)]
+    for as_ids in (False, True):  # strings, or every prompt as token ids
+        sent = [draft_reference.tokenizer.encode(p) if as_ids and isinstance(p, str) else p for p in prompts]
+        if not as_ids:
+            sent[2] = "import os"
+        resp = client.completions.create(model=MODEL, prompt=sent, max_tokens=N, temperature=1.0,
+                                         extra_body={"top_k": 50}, n=n, seed=seed)
+        assert [c.index for c in resp.choices] == list(range(len(prompts) * n))
+        assert [c.text for c in resp.choices] == [r.text for r in want]
+        assert resp.usage.prompt_tokens == sum(len(draft_reference.tokenizer.encode(p)) if isinstance(p, str)
+                                               else len(p) for p in prompts)
+        assert resp.usage.completion_tokens == sum(len(r.token_ids) for r in want)
+    texts = [""] * len(want)
+    for chunk in client.completions.create(model=MODEL, prompt=prompts[:2], max_tokens=N, temperature=1.0,
+                                           extra_body={"top_k": 50}, n=n, seed=seed, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts[:4] == [r.text for r in want[:4]]
+    # echo: each choice starts with its own prompt; logprobs offsets count from that prompt
+    body = {"prompt": [PROMPT, "class Stack:"], "max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 1}
+    choices = http.post("/v1/completions", json=body).json()["choices"]
+    assert [c["text"][:len(p)] for c, p in zip(choices, body["prompt"])] == body["prompt"]
+    assert choices[1]["logprobs"]["text_offset"][0] == 0
+    assert choices[1]["logprobs"]["tokens"][0] == draft_reference.tokenizer.decode(
+        draft_reference.tokenizer.encode("class Stack:")[:1])
+
+
+JSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z]{1,6}$"},
+                                                "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+               "required": ["name", "n"], "additionalProperties": False}
+SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "thing", "schema": JSON_SCHEMA, "strict": True}}
+
+
+def test_response_format(client, http, reference):
+    """Both endpoints: the library's constrained greedy output (the server speculates with a
+    draft), parsed JSON that fits the schema, also streamed; json_object and regex too."""
+    pytest.importorskip("llguidance")
+    want = greedy(reference, PROMPT, 40, response_format=SCHEMA_FORMAT)
+    resp = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0,
+                                     extra_body={"response_format": SCHEMA_FORMAT})
+    assert resp.choices[0].text == want.text and resp.choices[0].finish_reason == "stop"
+    assert set(json.loads(want.text)) == {"name", "n"}
+    messages = [{"role": "user", "content": "a thing, as JSON"}]
+    want = greedy(reference, chat_prompt(messages), 40, response_format=SCHEMA_FORMAT)
+    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0,
+                                          response_format=SCHEMA_FORMAT)
+    assert resp.choices[0].message.content == want.text and set(json.loads(want.text)) == {"name", "n"}
+    text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=40, temperature=0, response_format=SCHEMA_FORMAT, stream=True)
+        if c.choices)
+    assert text == want.text
+    for seed in range(3):  # sampled
+        resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=1.0,
+                                              seed=seed, response_format=SCHEMA_FORMAT)
+        assert set(json.loads(resp.choices[0].message.content)) == {"name", "n"}
+    obj = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 8, "temperature": 0,
+                                                  "response_format": {"type": "json_object"}}).json()
+    assert obj["choices"][0]["message"]["content"].startswith("{")
+    obj = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+                                             "response_format": {"type": "regex", "regex": "(yes|no)"}}).json()
+    assert obj["choices"][0]["text"] in ("yes", "no")
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_time", "description": "Time in a zone", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
+    "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9},
+                                         "b": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["a", "b"], "additionalProperties": False}}}]
+
+
+@pytest.fixture(scope="module")
+def tool_server(tmp_path_factory):
+    """A server whose tiny model has room for the tool prompt (~1000 tokens of its small BPE)."""
+    folder = make_model_dir(tmp_path_factory.mktemp("tools") / "tiny", max_pos=1536)
+    live = LiveServer(create_app(specdec.load(folder, folder, method="draft", draft_tokens=K),
+                                 ServerSettings(model_name=MODEL, api_key=API_KEY)))
+    yield live, specdec.load(folder)
+    live.stop()
+
+
+def test_tools(tool_server):
+    """tool_choice required / named: the reply is the library's constrained greedy output on the
+    prompt with the tool prompt, parsed into tool_calls (finish_reason tool_calls), also streamed;
+    parallel_tool_calls=false gives one call; tool results and earlier calls are accepted."""
+    pytest.importorskip("llguidance")
+    from specdec.tools import Tool, ToolSettings, call_grammar, parse_calls, render_messages
+
+    server, reference = tool_server
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    http = httpx.Client(base_url=server.url, headers=AUTH, timeout=60)
+
+    settings = ToolSettings(tuple(Tool(t["function"]["name"], t["function"].get("description", ""),
+                                       t["function"]["parameters"]) for t in TOOLS), "required")
+    messages = [{"role": "user", "content": "what time is it in utc?"}]
+    want = greedy(reference, chat_prompt(render_messages(messages, settings, False)), 120,
+                  grammar=call_grammar(settings))
+    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=120, temperature=0,
+                                          tools=TOOLS, tool_choice="required")
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = choice.message.tool_calls
+    assert calls and {c.function.name for c in calls} <= {"get_time", "add"}
+    _, want_calls = parse_calls(want.text, settings)  # the library's greedy reply, parsed
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in want_calls] == \
+        [(c.function.name, c.function.arguments) for c in calls]
+    for c in calls:
+        args = json.loads(c.function.arguments)
+        assert set(args) == ({"zone"} if c.function.name == "get_time" else {"a", "b"})
+    streamed = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=120, temperature=0,
+                                                   tools=TOOLS, tool_choice="required", stream=True))
+    deltas = [c.choices[0].delta for c in streamed if c.choices and c.choices[0].delta.tool_calls]
+    assert [(t.function.name, t.function.arguments) for t in deltas[0].tool_calls] == \
+        [(c.function.name, c.function.arguments) for c in calls]
+    assert [c.choices[0].finish_reason for c in streamed if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    assert not any(c.choices[0].delta.content for c in streamed if c.choices)
+
+    named = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=120, temperature=0,
+                                           tools=TOOLS, parallel_tool_calls=False,
+                                           tool_choice={"type": "function", "function": {"name": "add"}})
+    assert [c.function.name for c in named.choices[0].message.tool_calls] == ["add"]
+
+    history = messages + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": calls[0].id, "type": "function", "function": {"name": calls[0].function.name,
+                                                             "arguments": calls[0].function.arguments}}]},
+        {"role": "tool", "tool_call_id": calls[0].id, "content": "12:00"}]
+    want = greedy(reference, chat_prompt(render_messages(
+        [{"role": m["role"], "content": m["content"] or "", **({"tool_calls": m["tool_calls"]} if "tool_calls" in m
+                                                                else {})} for m in history],
+        ToolSettings(settings.tools, "none"), False)), N)
+    resp = http.post("/v1/chat/completions", json={"messages": history, "max_tokens": N, "temperature": 0,
+                                                   "tools": TOOLS, "tool_choice": "none"}).json()
+    assert resp["choices"][0]["message"] == {"role": "assistant", "content": want.text}
+    auto = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": N, "temperature": 0,
+                                                   "tools": TOOLS}).json()["choices"][0]
+    assert auto["finish_reason"] in ("stop", "length") and "tool_calls" not in auto["message"]  # a random model
 
 
 def test_a_seed_gives_plain_decodings_output_whatever_the_method(client, reference, draft_reference):
@@ -455,7 +614,11 @@ BAD = [
     ("completions", {"prompt": "x" * 2000}, 400, "context window", "prompt"),
     ("completions", {"prompt": ""}, 400, "empty", "prompt"),
     ("completions", {"prompt": []}, 400, "empty", "prompt"),
-    ("completions", {"prompt": ["a", "b"]}, 400, "one prompt", "prompt"),
+    ("completions", {"prompt": ["a", ""]}, 400, "prompt[1] must not be empty", "prompt"),
+    ("completions", {"prompt": [[1], []]}, 400, "prompt[1] must not be empty", "prompt"),
+    ("completions", {"prompt": [[1], "a"]}, 400, "mixture", "prompt"),
+    ("completions", {"prompt": [[1], [10 ** 9]]}, 400, "prompt[1] token ids", "prompt"),
+    ("completions", {"prompt": ["a"] * 17}, 400, "at most 16", "prompt"),
     ("completions", {"prompt": [1, "a"]}, 400, "token ids", "prompt"),
     ("completions", {"prompt": [10 ** 9]}, 400, "token ids", "prompt"),
     ("completions", {"prompt": 5}, 400, "prompt", "prompt"),
@@ -489,6 +652,44 @@ BAD = [
     ("completions", {"prompt": "a", "logit_bias": {"100000": 1}}, 400, "token ids", "logit_bias"),
     ("completions", {"prompt": "a", "logit_bias": {"5": 101}}, 400, "[-100, 100]", "logit_bias"),
     ("completions", {"prompt": "a", "logit_bias": {"5": "1"}}, 400, "[-100, 100]", "logit_bias"),
+    ("completions", {"prompt": "a", "tools": TOOLS}, 400, "tools", "tools"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": {"a": 1}}, 400, "tools", "tools"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "code"}]}, 400,
+     "function tools", "tools"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [
+        {"type": "function", "function": {"name": "a b"}}]}, 400, "letters", "tools"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS[:1] * 2}, 400, "twice",
+     "tools"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}], "tool_choice": "required"},
+     400, "parameters", "tools"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, 400,
+     "needs tools", "tool_choice"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "tool_choice": "always"},
+     400, "tool_choice", "tool_choice"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+                          "tool_choice": {"type": "function", "function": {"name": "nope"}}}, 400, "not among",
+     "tool_choice"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+                          "parallel_tool_calls": "no"}, 400, "parallel_tool_calls", "parallel_tool_calls"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "tool_choice": "required",
+                          "response_format": {"type": "json_object"}}, 400, "response_format", "tool_choice"),
+    ("chat/completions", {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {
+        "name": "f"}}]}]}, 400, "arguments", "messages[0].tool_calls"),
+    ("chat/completions", {"messages": [{"role": "tool", "content": "x", "tool_call_id": 5}]}, 400, "tool_call_id",
+     "messages[0].tool_call_id"),
+    ("completions", {"prompt": "a", "response_format": {"type": "xml"}}, 400, "response_format type",
+     "response_format"),
+    ("completions", {"prompt": "a", "response_format": "json"}, 400, "response_format", "response_format"),
+    ("completions", {"prompt": "a", "response_format": {"type": "json_schema"}}, 400, "json_schema",
+     "response_format"),
+    ("completions", {"prompt": "a", "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "nope"}}}}, 400, "schema", "response_format"),
+    ("completions", {"prompt": "a", "response_format": {"type": "regex", "regex": "(a"}}, 400, "regex",
+     "response_format"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "minProperties": "2"}}}},
+     400, "schema", "response_format"),
     ("completions", [1, 2], 400, "JSON object", None),
     ("completions", "null", 400, "JSON object", None),
     ("completions", b"{not json", 400, "JSON", None),

@@ -54,18 +54,24 @@ def test_concurrent_clients_get_the_library_outputs(server, reference):
             body["stop"] = [reference.generate(body["prompt"], max_new_tokens=body["max_tokens"]).text[3:5]]
         if i == 7:
             body.update(temperature=0.9, seed=11, n=3)
+        if i in (3, 10):  # structured output (the grammar per sequence in the batch)
+            body["response_format"] = {"type": "regex", "regex": "(yes|no|[a-z]{1,5} [0-9]{1,3})"}
+        if i in (9, 12):  # batched prompts
+            body["prompt"] = [PROMPTS[i % len(PROMPTS)], PROMPTS[(i + 1) % len(PROMPTS)]]
         cases.append(body)
 
     def want(body) -> list[str]:
-        kw = dict(max_new_tokens=body["max_tokens"], temperature=body["temperature"], stop=body.get("stop"))
-        return [reference.generate(body["prompt"], **kw, seed=None if "seed" not in body else body["seed"] + i).text
-                for i in range(body.get("n", 1))]
+        kw = dict(max_new_tokens=body["max_tokens"], temperature=body["temperature"], stop=body.get("stop"),
+                  response_format=body.get("response_format"))
+        prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+        return [reference.generate(p, **kw, seed=None if "seed" not in body else body["seed"] + i).text
+                for p in prompts for i in range(body.get("n", 1))]
 
     def one(i):
         body = cases[i]
         with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as c:
             if i % 2:
-                texts = [""] * body.get("n", 1)
+                texts = [""] * body.get("n", 1) * (len(body["prompt"]) if isinstance(body["prompt"], list) else 1)
                 with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
                     assert r.status_code == 200
                     lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]

@@ -30,8 +30,20 @@ class PromptLookupProposer:
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None, history: TokenHistory | None = None,
                 noise: PositionNoise | None = None) -> Proposal:
-        """history is not needed: the proposal is a point mass, only the target's rows are penalised."""
-        ctx = np.asarray(context, dtype=np.int64)
+        """The proposal is a point mass, so penalties need nothing here (only the target's rows
+        are penalised). Under a grammar the proposal is cut before the first token the grammar
+        refuses (the constrained target could never accept it) and continued with the tokens
+        the grammar forces (which it always accepts); any point-mass proposal is lossless."""
+        grammar = history.grammar if history is not None else None
+        follow = self._lookup(np.asarray(context, dtype=np.int64), k)
+        if grammar is not None:  # cut at the first refused token, then add what the grammar forces
+            follow = follow[:grammar.valid_prefix(follow)]
+            if not (follow and follow[-1] in grammar.eos_ids):
+                follow += grammar.forced(follow, k - len(follow))
+        return Proposal(follow, None)
+
+    def _lookup(self, ctx: np.ndarray, k: int) -> list[int]:
+        """What followed the most recent earlier occurrence of the longest matching n-gram."""
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if len(ctx) <= n:
                 continue
@@ -42,8 +54,8 @@ class PromptLookupProposer:
                 start = int(hits[-1]) + n
                 follow = ctx[start:start + k].tolist()
                 if follow:
-                    return Proposal(follow, None)
-        return Proposal([], None)
+                    return follow
+        return []
 
     def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
         pass

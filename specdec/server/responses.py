@@ -15,10 +15,12 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specdec import __version__
 from specdec.engine import GenerationResult, StreamChunk
 from specdec.logprobs import TextOffsets, TokenLogprob, TokenTexts
 from specdec.server.validation import GenerationRequest
 from specdec.stats import GenerationStats
+from specdec.tools import parse_calls
 
 DONE = "data: [DONE]\n\n"
 
@@ -40,10 +42,22 @@ def speculative(method: str, results: Sequence[GenerationResult]) -> dict:
             "acceptance_rate": stats.acceptance_rate, "lossy": stats.lossy}
 
 
+def system_fingerprint(method: str) -> str:
+    """Which build and configuration answered (OpenAI: changes when results may change)."""
+    return f"specdec-{__version__}-{method}"
+
+
 def usage(req: GenerationRequest, results: Sequence[GenerationResult]) -> dict:
+    """OpenAI's usage, with its details: speculation fills the predicted-output fields (drafted
+    tokens the target accepted / rejected); no prompt cache, no reasoning tokens."""
     completion = sum(len(r.token_ids) for r in results)
-    return {"prompt_tokens": len(req.prompt_ids), "completion_tokens": completion,
-            "total_tokens": len(req.prompt_ids) + completion}
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    rejected = sum(r.stats.drafted_tokens for r in results) - accepted
+    return {"prompt_tokens": req.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": req.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": accepted,
+                                          "rejected_prediction_tokens": rejected}}
 
 
 def running_usage(req: GenerationRequest, completion_tokens: int) -> dict:
@@ -63,7 +77,8 @@ class ResponseHeader:
     tokens: TokenTexts | None = None  # token text and bytes, for logprobs
 
     def fields(self, object_type: str) -> dict:
-        return {"id": self.id, "object": object_type, "created": self.created, "model": self.model}
+        return {"id": self.id, "object": object_type, "created": self.created, "model": self.model,
+                "system_fingerprint": system_fingerprint(self.method)}
 
 
 # ---------------------------------------------------------------- logprobs
@@ -72,10 +87,11 @@ class ChoiceLogprobs:
     """The logprobs object(s) of one choice, written all at once or chunk by chunk: `sent`
     counts the generated tokens already written, text offsets continue across chunks."""
 
-    def __init__(self, head: ResponseHeader, req: GenerationRequest):
+    def __init__(self, head: ResponseHeader, req: GenerationRequest, index: int):
         self.chat, self.texts, self.req = head.chat, head.tokens, req
+        self.prompt_in = req.prompt_of(index)  # the choice's prompt
         self.sent = 0
-        self.offsets = TextOffsets(len(req.prompt_text))
+        self.offsets = TextOffsets(len(self.prompt_in.text))
 
     def _entry(self, token: int) -> dict:
         return {"token": self.texts.text(token), "logprob": None, "bytes": list(self.texts.token_bytes(token))}
@@ -102,7 +118,8 @@ class ChoiceLogprobs:
 
     def prompt(self, entries: Sequence[TokenLogprob | None] | None) -> dict:
         """Completions with echo: the prompt's tokens, offsets from 0."""
-        return self._legacy(self.req.prompt_ids, entries or [None] * len(self.req.prompt_ids), TextOffsets(0))
+        ids = self.prompt_in.ids
+        return self._legacy(ids, entries or [None] * len(ids), TextOffsets(0))
 
     def take(self, tokens: Sequence[int], entries: Sequence[TokenLogprob]) -> dict:
         """The next generated tokens."""
@@ -118,24 +135,37 @@ def _joined(first: dict, second: dict) -> dict:
     return {key: first[key] + second[key] for key in first}
 
 
-def choice_logprobs(head: ResponseHeader, req: GenerationRequest, result: GenerationResult) -> dict | None:
+def choice_logprobs(head: ResponseHeader, req: GenerationRequest, result: GenerationResult,
+                    index: int) -> dict | None:
     """A whole choice's logprobs object (None when not asked for)."""
     if req.logprobs is None:
         return None
-    writer = ChoiceLogprobs(head, req)
+    writer = ChoiceLogprobs(head, req, index)
     generated = writer.rest(result)
     return _joined(writer.prompt(result.prompt_logprobs), generated) if req.echo else generated
+
+
+def chat_message(req: GenerationRequest, result: GenerationResult) -> tuple[dict, str]:
+    """The assistant message and finish reason of a chat choice: with tools, a reply that calls
+    them becomes tool_calls (finish_reason "tool_calls")."""
+    if req.tools is None:
+        return {"role": "assistant", "content": result.text}, result.finish_reason
+    content, calls = parse_calls(result.text, req.tools)
+    if calls is None:
+        return {"role": "assistant", "content": result.text}, result.finish_reason
+    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
 
 
 def completion_object(head: ResponseHeader, req: GenerationRequest, results: Sequence[GenerationResult]) -> dict:
     """The whole (non-streamed) response."""
     if head.chat:
-        choices = [{"index": i, "message": {"role": "assistant", "content": r.text},
-                    "logprobs": choice_logprobs(head, req, r), "finish_reason": r.finish_reason}
+        messages = [chat_message(req, r) for r in results]
+        choices = [{"index": i, "message": messages[i][0],
+                    "logprobs": choice_logprobs(head, req, r, i), "finish_reason": messages[i][1]}
                    for i, r in enumerate(results)]
     else:
-        echo = req.prompt_text if req.echo else ""
-        choices = [{"index": i, "text": echo + r.text, "logprobs": choice_logprobs(head, req, r),
+        choices = [{"index": i, "text": (req.prompt_of(i).text if req.echo else "") + r.text,
+                    "logprobs": choice_logprobs(head, req, r, i),
                     "finish_reason": r.finish_reason} for i, r in enumerate(results)]
     return {**head.fields("chat.completion" if head.chat else "text_completion"), "choices": choices,
             "usage": usage(req, results), "speculative": speculative(head.method, results)}
@@ -181,7 +211,9 @@ class ChoiceStream:
     def __init__(self, head: ResponseHeader, req: GenerationRequest, index: int):
         self.head, self.req, self.index = head, req, index
         self.started = False
-        self.logprobs = ChoiceLogprobs(head, req) if req.logprobs is not None else None
+        # with tools offered, the reply's text is held back until it is known whether it calls them
+        self.hold = head.chat and req.tools is not None and req.tools.active
+        self.logprobs = ChoiceLogprobs(head, req, index) if req.logprobs is not None else None
 
     def opening(self, chunk: StreamChunk | None, result: GenerationResult | None) -> list[dict]:
         """Before the choice's first event: chat's role chunk; completions' echoed prompt."""
@@ -196,13 +228,16 @@ class ChoiceStream:
         if self.logprobs is not None:
             source = chunk if chunk is not None and chunk.prompt_logprobs is not None else result
             logprobs = self.logprobs.prompt(source.prompt_logprobs if source is not None else None)
-        return [_chunk(self.head, [_text_choice(self.head, self.index, self.req.prompt_text, logprobs=logprobs)])]
+        return [_chunk(self.head, [_text_choice(self.head, self.index, self.req.prompt_of(self.index).text,
+                                                logprobs=logprobs)])]
 
     def step(self, text: str, chunk: StreamChunk | None) -> list[dict]:
         """A decode step's text and the logprobs of its tokens (either may be empty)."""
         logprobs = None
         if self.logprobs is not None and chunk is not None and chunk.token_logprobs:
             logprobs = self.logprobs.take(chunk.token_ids, chunk.token_logprobs)
+        if self.hold:
+            text = ""
         if not text and logprobs is None:
             return []
         return [_chunk(self.head, [_text_choice(self.head, self.index, text, logprobs=logprobs)])]
@@ -214,6 +249,17 @@ class ChoiceStream:
             logprobs = self.logprobs.rest(result)
         if not self.head.chat:
             return [_chunk(self.head, [_text_choice(self.head, self.index, text, result.finish_reason, logprobs)])]
+        finish = result.finish_reason
+        if self.hold:  # the whole reply, as text or as tool calls
+            message, finish = chat_message(self.req, result)
+            if "tool_calls" in message:
+                calls = [{"index": j, **call} for j, call in enumerate(message["tool_calls"])]
+                delta = {"content": message["content"], "tool_calls": calls} if message["content"] else \
+                    {"tool_calls": calls}
+                out = [_chunk(self.head, [{"index": self.index, "delta": delta, "logprobs": logprobs,
+                                           "finish_reason": None}])]
+                return out + [finish_chunk(self.head, self.index, "", finish)]
+            text = result.text
         out = [_chunk(self.head, [_text_choice(self.head, self.index, text, logprobs=logprobs)])] \
             if text or logprobs is not None else []
-        return out + [finish_chunk(self.head, self.index, text, result.finish_reason)]
+        return out + [finish_chunk(self.head, self.index, text, finish)]

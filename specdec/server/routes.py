@@ -108,7 +108,8 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 async def generate(request: Request, state: ServerState, req: GenerationRequest) -> Response:
-    job = Job(req.prompt_ids, req.samplings(), req.stream, asyncio.get_running_loop())
+    job = Job(req.prompt_ids, req.samplings(), req.stream, asyncio.get_running_loop(),
+              prompts=[req.prompt_of(i).ids for i in range(req.num_choices)], prompt_tokens=req.prompt_tokens)
     try:
         state.worker.submit(job)
     except QueueFull:
@@ -121,13 +122,13 @@ async def generate(request: Request, state: ServerState, req: GenerationRequest)
     if req.stream:
         return JobStreamingResponse(job, stream_events(job, req, head), media_type="text/event-stream",
                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return JSONResponse(responses.completion_object(head, req, await collect(request, job, req.n)))
+    return JSONResponse(responses.completion_object(head, req, await collect(request, job, req.num_choices)))
 
 
 async def collect(request: Request, job: Job, n: int) -> list:
     """The n finished results of a non-streamed job (cancelled if the client goes away)."""
     watcher = asyncio.create_task(watch_disconnect(request, job))
-    results = [None] * n
+    results = [None] * n  # n: the number of choices
     error = None
     try:
         while True:
@@ -163,9 +164,9 @@ async def watch_disconnect(request: Request, job: Job) -> None:
 
 async def stream_events(job: Job, req: GenerationRequest, head: ResponseHeader):
     """Server-sent events of a streamed job, ending with [DONE]."""
-    results = [None] * req.n
-    choices = [responses.ChoiceStream(head, req, i) for i in range(req.n)]
-    generated = [0] * req.n  # tokens so far per choice (continuous usage stats)
+    results = [None] * req.num_choices
+    choices = [responses.ChoiceStream(head, req, i) for i in range(req.num_choices)]
+    generated = [0] * req.num_choices  # tokens so far per choice (continuous usage stats)
 
     def sse(obj: dict) -> str:
         if req.continuous_usage:
@@ -192,7 +193,7 @@ async def stream_events(job: Job, req: GenerationRequest, head: ResponseHeader):
                 *objs, last = choices[i].finish(event.text, event.result)
                 for obj in objs:
                     yield sse(obj)
-                if i == req.n - 1 and not req.include_usage:
+                if i == req.num_choices - 1 and not req.include_usage:
                     last["speculative"] = responses.speculative(head.method, [r for r in results if r is not None])
                 yield sse(last)
         if req.include_usage and all(r is not None for r in results):

@@ -7,13 +7,16 @@ names the parameter (see fields.py).
 
 logprobs: chat takes `logprobs: true` + `top_logprobs: N`, completions `logprobs: N` (and
 `echo`, which with logprobs also scores the prompt); logit_bias keys are token ids written as
-strings, checked against the vocabulary."""
+strings, checked against the vocabulary. response_format (json_object, json_schema, and the
+extensions regex and lark: specdec.grammar) is compiled here, so a bad schema is a 400."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 
 from specdec.chat_template import ChatTemplate, ChatTemplateError
+from specdec.errors import SpecdecError
+from specdec.grammar import Grammar, grammar_from_response_format
 from specdec.sampling import (
     LOGIT_BIAS_BOUNDS,
     OPTIONAL_BOUNDS,
@@ -23,9 +26,10 @@ from specdec.sampling import (
     is_integer,
     is_number,
 )
-from specdec.server.chat import parse_messages
+from specdec.server.chat import parse_messages, parse_tools
 from specdec.server.errors import bad_request
 from specdec.server.fields import check_model, check_text, describe, get_bool, get_number, get_str, short
+from specdec.tools import ToolSettings, call_grammar, render_messages
 
 MAX_N = 8
 MAX_STOP = 4
@@ -60,24 +64,32 @@ MAX_TOKENS_KEYS = {"completion": ("max_tokens",), "chat": ("max_completion_token
 # Accepted only at their "off" value: anything else is refused instead of silently ignored.
 UNSUPPORTED = {
     "suffix": ("",),
-    "tools": ([],),
-    "functions": ([],),
-    "tool_choice": ("none",),
+    "functions": ([],),  # the deprecated form of tools
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
     "chat_template": (),  # only the model's own template is ever rendered
 }
 # the same, for a parameter only the other endpoint takes
 UNSUPPORTED_BY_KIND = {
-    "completion": {"top_logprobs": (0,)},  # completions take logprobs: N
+    "completion": {"top_logprobs": (0,), "tools": ([],), "tool_choice": ("none",)},  # completions take logprobs: N
     "chat": {"echo": (False,)},
 }
 
 
+MAX_PROMPTS = 16  # batched completions prompts per request (each gets n choices)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    text: str = ""  # completions: the prompt as text (for echo and text_offset)
+
+
 @dataclass
 class GenerationRequest:
+    """A checked request. Completions may batch prompts: choice p * n + i is the i-th of
+    prompt p's n choices (OpenAI's numbering); chat has one prompt."""
     kind: str  # "completion" | "chat"
-    prompt_ids: list[int]
+    prompts: list[Prompt]
     n: int = 1
     stream: bool = False
     include_usage: bool = False
@@ -87,12 +99,30 @@ class GenerationRequest:
     user: str | None = None
     logprobs: int | None = None  # None: no logprobs; N: with the N most likely alternatives
     echo: bool = False  # completions: the prompt is prepended to each choice's text
-    prompt_text: str = ""  # completions: the prompt as text (for echo and text_offset)
+    tools: ToolSettings | None = None  # chat with tools: replies are parsed for tool calls
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The (first) prompt's ids."""
+        return self.prompts[0].ids
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.n
+
+    @property
+    def prompt_tokens(self) -> int:
+        """usage.prompt_tokens: each prompt counted once, whatever n is."""
+        return sum(len(p.ids) for p in self.prompts)
+
+    def prompt_of(self, choice: int) -> Prompt:
+        return self.prompts[choice // self.n]
 
     def samplings(self) -> list[dict]:
-        """Per-choice sampling arguments: choice i uses seed + i when a seed is given."""
-        return [{**self.sampling, "seed": None if self.seed is None else self.seed + i}
-                for i in range(self.n)]
+        """Per-choice sampling arguments: the i-th choice of a prompt uses seed + i when a seed
+        is given (so a prompt in a batch gets the choices it would get alone)."""
+        return [{**self.sampling, "seed": None if self.seed is None else self.seed + choice % self.n}
+                for choice in range(self.num_choices)]
 
 
 def _is_off(value, off_values: tuple) -> bool:
@@ -187,17 +217,15 @@ class RequestParser:
         self.tokenizer = decoder.tokenizer
         self.context_window = decoder.context_window
         self.vocab_size = decoder.vocab_size
+        self.grammars = decoder.engine.grammars
         self.served_name = served_name
         self.max_tokens_limit = max_tokens_limit
         self.chat_template = chat_template
 
     def completion(self, body: dict) -> GenerationRequest:
         req = self._common(body, "completion")
-        req.prompt_ids = self._prompt_ids(body)
+        req.prompts = self._prompts(body)
         req.echo = get_bool(body, "echo", False)
-        prompt = body["prompt"]
-        req.prompt_text = (prompt if isinstance(prompt, str) else prompt[0] if isinstance(prompt[0], str)
-                           else self.tokenizer.decode(req.prompt_ids))
         if req.echo and req.logprobs is not None:  # score the prompt too (from the prefill pass)
             req.sampling["prompt_logprobs"] = req.logprobs
         req.sampling["max_new_tokens"] = self._max_tokens(body, req, DEFAULT_COMPLETION_MAX_TOKENS, "prompt")
@@ -206,11 +234,29 @@ class RequestParser:
     def chat(self, body: dict) -> GenerationRequest:
         req = self._common(body, "chat")
         messages = parse_messages(body)
+        tools = parse_tools(body)
+        openai_tools = None
+        if tools is not None:
+            req.tools = tools
+            messages = render_messages(messages, tools, self.chat_template.takes_tools)
+            openai_tools = [t.openai() for t in tools.tools] if tools.active else None
+            grammar = call_grammar(tools)
+            if grammar is not None:
+                if "grammar" in req.sampling:
+                    raise bad_request("tool_choice required (or a named function) cannot be combined with "
+                                      "response_format", "tool_choice")
+                try:
+                    self.grammars.check(grammar)
+                except SpecdecError as e:
+                    raise bad_request(f"a tool's parameters are not a usable JSON schema: {e}", "tools") from None
+                req.sampling["grammar"] = grammar
+        elif any("tool_calls" in m or m["role"] == "tool" for m in messages):
+            messages = render_messages(messages, ToolSettings(()), self.chat_template.takes_tools)
         try:
-            text = self.chat_template.render(messages)
+            text = self.chat_template.render(messages, openai_tools)
         except ChatTemplateError as e:
             raise bad_request(str(e), "messages") from None
-        req.prompt_ids = self.tokenizer.encode(text)
+        req.prompts = [Prompt(self.tokenizer.encode(text))]
         if not req.prompt_ids:
             raise bad_request("the messages render to an empty prompt", "messages")
         req.sampling["max_new_tokens"] = self._max_tokens(body, req, self.max_tokens_limit, "messages")
@@ -228,6 +274,9 @@ class RequestParser:
             sampling["ignore_eos"] = True
         sampling["stop"] = get_stop(body)
         sampling["logit_bias"] = get_logit_bias(body, self.vocab_size)
+        grammar = self._grammar(body)
+        if grammar is not None:
+            sampling["grammar"] = grammar
         logprobs = get_logprobs(body, kind)
         if logprobs is not None:
             sampling["logprobs"] = logprobs
@@ -241,8 +290,17 @@ class RequestParser:
         user = get_str(body, "user")
         return GenerationRequest(kind, [], n, stream, include_usage, continuous_usage, sampling, seed, user, logprobs)
 
+    def _grammar(self, body: dict) -> Grammar | None:
+        try:
+            grammar = grammar_from_response_format(body.get("response_format"))
+            if grammar is not None:
+                self.grammars.check(grammar)  # compiled now: a bad schema is the client's 400
+        except SpecdecError as e:
+            raise bad_request(str(e), "response_format") from None
+        return grammar
+
     def _max_tokens(self, body: dict, req: GenerationRequest, default: int | None, prompt_param: str) -> int:
-        prompt_len = len(req.prompt_ids)
+        prompt_len = max(len(p.ids) for p in req.prompts)  # the longest prompt must fit
         room = self.context_window - prompt_len
         if room < 1:
             raise bad_request(f"the prompt has {prompt_len} tokens; the model's context window is "
@@ -264,38 +322,46 @@ class RequestParser:
                               name, "context_length_exceeded")
         return value
 
-    def _prompt_ids(self, body: dict) -> list[int]:
+    def _prompts(self, body: dict) -> list[Prompt]:
+        """OpenAI's four shapes: a string, an array of strings, an array of token ids, an
+        array of token-id arrays; the arrays of strings or of id arrays are batched prompts."""
         if body.get("prompt") is None:
             raise bad_request("missing required parameter 'prompt'", "prompt")
         p = body["prompt"]
-        if isinstance(p, list):
-            if not p:
-                raise bad_request("prompt must not be empty", "prompt")
-            if all(isinstance(x, str) for x in p):
-                if len(p) > 1:
-                    raise bad_request(f"prompt holds {len(p)} strings; batched prompts are not supported, "
-                                      "send one prompt per request", "prompt")
-                p = p[0]
-            elif all(is_integer(x) for x in p):
-                return self._check_ids(p)
-            elif len(p) == 1 and isinstance(p[0], list) and p[0]:
-                return self._check_ids(p[0])
-            else:
-                raise bad_request("prompt must be a string, an array with one string, or an array of "
-                                  "token ids", "prompt")
-        if not isinstance(p, str):
-            raise bad_request(f"prompt must be a string, an array with one string, or an array of "
-                              f"token ids, got {describe(p)}", "prompt")
+        shapes = "a string, an array of strings, an array of token ids or an array of token-id arrays"
+        if isinstance(p, str):
+            return [self._text_prompt(p, "prompt")]
+        if not isinstance(p, list):
+            raise bad_request(f"prompt must be {shapes}, got {describe(p)}", "prompt")
         if not p:
             raise bad_request("prompt must not be empty", "prompt")
-        ids = self.tokenizer.encode(check_text(p, "prompt"))
-        if not ids:
-            raise bad_request("prompt must not be empty (it encodes to no tokens)", "prompt")
-        return ids
+        if all(is_integer(x) for x in p):
+            return [self._ids_prompt(p, "prompt")]
+        if not (all(isinstance(x, str) for x in p) or all(isinstance(x, list) for x in p)):
+            raise bad_request(f"prompt must be {shapes} (not a mixture)", "prompt")
+        if len(p) > MAX_PROMPTS:
+            raise bad_request(f"prompt holds {len(p)} prompts; at most {MAX_PROMPTS} are allowed per request",
+                              "prompt")
+        return [self._text_prompt(x, f"prompt[{i}]") if isinstance(x, str) else self._ids_prompt(x, f"prompt[{i}]")
+                for i, x in enumerate(p)]
 
-    def _check_ids(self, ids: list) -> list[int]:
+    def _text_prompt(self, text: str, where: str) -> Prompt:
+        if not text:
+            raise bad_request(f"{where} must not be empty", "prompt")
+        ids = self.tokenizer.encode(check_text(text, "prompt"))
+        if not ids:
+            raise bad_request(f"{where} must not be empty (it encodes to no tokens)", "prompt")
+        return Prompt(ids, text)
+
+    def _ids_prompt(self, ids: list, where: str) -> Prompt:
+        if not ids:
+            raise bad_request(f"{where} must not be empty", "prompt")
+        ids = self._check_ids(ids, where)
+        return Prompt(ids, self.tokenizer.decode(ids))
+
+    def _check_ids(self, ids: list, where: str = "prompt") -> list[int]:
         for t in ids:
             if not is_integer(t) or not 0 <= t < self.vocab_size:
-                raise bad_request(f"prompt token ids must be integers in [0, {self.vocab_size}), "
+                raise bad_request(f"{where} token ids must be integers in [0, {self.vocab_size}), "
                                   f"got {describe(t)}", "prompt")
         return list(ids)

@@ -46,10 +46,16 @@ class Event:
 
 
 class Job:
+    """One request's choices. prompt_ids: the prompt every choice continues, or with
+    `prompts` (batched completions prompts) the first one; prompts[i]: choice i's prompt."""
+
     def __init__(self, prompt_ids: list[int], samplings: list[dict], stream: bool,
-                 loop: asyncio.AbstractEventLoop):
+                 loop: asyncio.AbstractEventLoop, prompts: list[list[int]] | None = None,
+                 prompt_tokens: int | None = None):
         self.prompt_ids = prompt_ids
         self.samplings = samplings
+        self.prompts = prompts if prompts is not None else [prompt_ids] * len(samplings)
+        self.prompt_tokens = prompt_tokens if prompt_tokens is not None else len(prompt_ids)
         self.stream = stream  # post a "chunk" event per decode step
         self.loop = loop
         self.events: asyncio.Queue[Event] = asyncio.Queue()
@@ -192,7 +198,7 @@ class EngineWorker:
         """The engine takes a job from the queue (and its first choice starts now)."""
         self.metrics.queue_time.observe(time.perf_counter() - job.queued_at)
         self.metrics.num_requests_running.inc()
-        self.metrics.prompt_tokens.inc(len(job.prompt_ids))
+        self.metrics.prompt_tokens.inc(job.prompt_tokens)
 
     def _count(self, job: Job, index: int, chunk) -> int:
         """Count a chunk's tokens (metrics, and the choice's running total, which a finished
@@ -207,7 +213,7 @@ class EngineWorker:
         for index, sampling in enumerate(job.samplings):
             if job.cancelled:
                 break
-            gen = self.decoder.stream(job.prompt_ids, **sampling)
+            gen = self.decoder.stream(job.prompts[index], **sampling)
             try:
                 for chunk in gen:
                     generated = self._count(job, index, chunk)
@@ -263,7 +269,7 @@ class EngineWorker:
                 self._jobs.append(running)
             index, sampling = running.waiting.popleft()
             try:
-                seq = self.batch.add(running.job.prompt_ids, self.decoder.sampling_params(**sampling))
+                seq = self.batch.add(running.job.prompts[index], self.decoder.sampling_params(**sampling))
             except SpecdecError as e:
                 self._end(running, ApiError(400, str(e)))
                 continue
