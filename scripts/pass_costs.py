@@ -6,28 +6,15 @@ variants: projections unfused, fused (the default), and fused + weight-only int8
     python scripts/pass_costs.py smollm2 bfloat16 2 unfused,fused,int8,int4
 """
 import sys
-import time
 
 import torch
 
 from specdec.models.checkpoint import load_native, open_model
 from specdec.models.quant import quantize_model
 from specdec.models.runner import NativeRunner
+from specdec.pass_costs import median_pass_ms
 
 WIDTHS = (1, 2, 4, 8, 16, 32, 256)
-
-
-def median_ms(runner: NativeRunner, width: int, repeats: int) -> float:
-    runner.reset()
-    runner.extend(list(range(100, 300)))
-    base = runner.length
-    times = []
-    for _ in range(repeats):
-        runner.rollback(base)
-        t0 = time.perf_counter()
-        runner.extend(list(range(5, 5 + width)))
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2] * 1e3
 
 
 def make_runner(source, dtype: str, variant: str) -> NativeRunner:
@@ -45,8 +32,8 @@ def main() -> None:
     for variant in variants:
         runner = make_runner(source, dtype, variant)
         for width in WIDTHS:
-            median_ms(runner, width, 2)  # warm-up
-        costs = " ".join(f"T={w}: {median_ms(runner, w, 5 if w > 32 else 15):.2f}" for w in WIDTHS)
+            median_pass_ms(runner, width, 2)  # warm-up
+        costs = " ".join(f"T={w}: {median_pass_ms(runner, w, 5 if w > 32 else 15):.2f}" for w in WIDTHS)
         print(f"{variant:8s} ms per pass  {costs}", flush=True)
 
 

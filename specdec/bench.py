@@ -26,6 +26,7 @@ from specdec.extras import require
 from specdec.llama_cpp import ENV_VAR, LlamaServer, find_llama_server, server_version
 from specdec.models.checkpoint import read_hf_config
 from specdec.models.quant import DEFAULT_GROUP_SIZE
+from specdec.pass_costs import pass_cost_curves, print_cost_table
 from specdec.prompts import RAW_TASKS, TASKS, build_suite, render_chat
 from specdec.stats import GenerationStats
 from specdec.text import TextTokenizer
@@ -276,6 +277,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                      args.repeats, llama_server=llama_server, llama_gguf=llama_gguf, quantize=args.quantize,
                      group_size=args.group_size)
     print_table(rows)
+    curves = (pass_cost_curves(args.target or DEFAULT_TARGET, args.dtype, args.quantize, args.group_size,
+                               llama_server, llama_gguf) if args.pass_costs else [])
+    if curves:
+        print_cost_table(curves)
     if args.json:
         llama_cpp = None
         if any(m.partition(":")[0] in LLAMA_CPP_METHODS for m in methods):
@@ -286,7 +291,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                                "quantize": args.quantize,
                                                "max_new_tokens": args.max_new_tokens,
                                                "prompts_per_task": args.prompts, "repeats": args.repeats,
-                                               "llama_cpp": llama_cpp, "rows": [asdict(r) for r in rows]},
+                                               "llama_cpp": llama_cpp, "rows": [asdict(r) for r in rows],
+                                               "pass_costs": [asdict(c) for c in curves]},
                                               indent=2))
     if args.plot:
         plot(rows, args.plot)
@@ -316,6 +322,9 @@ def add_parser(sub) -> None:
     b.add_argument("--repeats", type=int, default=1, help="passes over the prompts (methods take turns)")
     b.add_argument("--draft-tokens", type=int, default=None, help="fixed K (default adaptive)")
     add_threads_arg(b)
+    b.add_argument("--pass-costs", action="store_true",
+                   help="also time target passes over 1/4/16/32 tokens (specdec, and llama.cpp's llama-bench on "
+                        "the same GGUF when a build is found) against this machine's memory-bandwidth bound")
     b.add_argument("--json")
     b.add_argument("--plot")
     b.set_defaults(func=cmd_bench)
