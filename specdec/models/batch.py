@@ -60,6 +60,8 @@ def _attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
         if shared:
             idx = torch.tensor(shared, device=q.device)
             y[idx] = F.scaled_dot_product_attention(q[idx], k[idx], v[idx], attn_mask=mask[idx], enable_gqa=gqa)
+        if alone:  # converted once for every row (attend_row would convert each row's slice: same values)
+            k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (k, v))
         for b, t, keys in alone:
             y[b:b + 1, :, t:t + 1] = attend_alone(q[b:b + 1, :, t:t + 1], k[b:b + 1], v[b:b + 1], keys, gqa)
     return project(attn.o_proj, y.transpose(1, 2).reshape(B, T, attn.nh * attn.hd), exact)

@@ -150,6 +150,8 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(layer, k, v)
         if row_keys is not None:
+            # converted once for every row (attend_row would convert each row's slice: same values)
+            k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (k, v))
             y = torch.cat([attend_alone(q[:, :, i:i + 1], k, v, keys, self.nkv != self.nh)
                            for i, keys in enumerate(row_keys)], dim=2)
         elif T == 1 and mask is None:  # a decode step: SDPA's kernel is slow for one query
