@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from specdec.proposers.vocab_map import byte_level_alphabet
+
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -85,19 +87,6 @@ def run_xgrammar(tok, ids: list[int], eos: int, repeat: int) -> None:
             assert matcher.accept_token(t)
     print(f"xgrammar tokenizer set-up {tok_s * 1e3:.0f} ms")
     summary("xgrammar", compile_s, times)
-
-
-def byte_level_alphabet() -> dict[str, int]:
-    """GPT-2 byte-level BPE: the printable character that stands for each byte."""
-    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
 
 
 def run_outlines(tok, ids: list[int], eos: int, repeat: int) -> None:

@@ -286,7 +286,7 @@ class BatchEngine:
         for slot, proposal in zip(ready, proposals):
             seq = self.entries[slot].seq
             rows[slot] = [seq.context[-1]] + proposal.tokens
-            exact[slot] = self.engine.exact and (seq.params.greedy or seq.noise is not None)
+            exact[slot] = self.engine.exact_for(seq)
         t0 = time.perf_counter()
         logits = self.runner.extend(rows, exact)
         target_seconds = time.perf_counter() - t0
@@ -300,8 +300,8 @@ class BatchEngine:
             verdict = chain_verdict(seq, proposal, logits[slot])
             n = verdict.num_accepted
             self.runner.rollback(slot, len(seq.context) + n)  # the context but its new last token
-            step = self._emit(seq, entry, budget, proposal, proposal.tokens[:n] + [verdict.next_token], n,
-                              logits[slot], drafted_in, target_seconds, t1)
+            step = self.engine.emit(seq, proposal.tokens[:n] + [verdict.next_token], logits[slot], budget, proposal,
+                                    n, drafted_in, target_seconds, other_since=t1, observe=entry.method != "none")
             events.append(BatchEvent(seq, step))
         return events
 
@@ -346,32 +346,6 @@ class BatchEngine:
                 proposals[r.slot] = drafted.get(r.slot, Proposal([]))
                 seconds[r.slot] = elapsed
         return [proposals[slot] for slot in ready], [seconds[slot] for slot in ready], elapsed
-
-    def _emit(self, seq: Sequence, entry: BatchEntry, budget: int, proposal: Proposal, tokens: list[int],
-              accepted: int, logits, draft_seconds: float, target_seconds: float, t1: float) -> StepRecord:
-        """Append a step's verified tokens to the sequence and apply its stop rules (as
-        Engine.step does)."""
-        new, hit_eos = self.engine._cut(tokens, seq)
-        seq.context.extend(new)
-        seq.generated.extend(new)
-        if seq.history is not None:
-            seq.history.extend(new)
-        if seq.token_logprobs is not None:
-            seq.token_logprobs += token_logprobs(logits[:len(new)], new, seq.params.logprobs)
-        text = seq.text.push(new)
-        stopped = hit_eos or seq.text.stopped
-        step = StepRecord(budget=budget, drafted=len(proposal.tokens), accepted=accepted, new_tokens=tuple(new),
-                          text=text, draft_seconds=draft_seconds - proposal.sync_seconds,
-                          sync_seconds=proposal.sync_seconds, target_seconds=target_seconds,
-                          other_seconds=time.perf_counter() - t1, stopped=stopped)
-        if entry.method != "none":
-            seq.controller.observe(step)
-        seq.stats.add(step)
-        if stopped:
-            seq.finish_reason = "stop"
-        elif seq.remaining <= 0 or self.runner.max_len - len(seq.context) <= 0:
-            seq.finish_reason = "length"
-        return step
 
     # ---------------------------------------------------------------- offline batches
     def generate(self, requests: Iterable[tuple[str | list[int], SamplingParams, str | None]]

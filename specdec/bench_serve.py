@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specdec.bundled import DEFAULT_TARGET
+from specdec.cli_common import check_at_least
 from specdec.errors import SpecdecError
 from specdec.extras import require
 from specdec.llama_cpp import ENV_VAR, SPEC_ARGS, LlamaServer, find_llama_server, server_version
@@ -121,18 +122,13 @@ def _names(text: str | None) -> list[str]:
 
 def check_args(args: argparse.Namespace) -> None:
     args.concurrency_levels = _ints(args.concurrency, "--concurrency")
-    if args.max_tokens < 1:
-        raise SpecdecError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    if args.temperature < 0:
-        raise SpecdecError(f"--temperature must be >= 0, got {args.temperature}")
-    if args.requests is not None and args.requests < 1:
-        raise SpecdecError(f"--requests must be >= 1, got {args.requests}")
-    if args.prompts < 1:
-        raise SpecdecError(f"--prompts must be >= 1, got {args.prompts}")
-    if args.warmup < 0:
-        raise SpecdecError(f"--warmup must be >= 0, got {args.warmup}")
-    if args.timeout <= 0:
-        raise SpecdecError(f"--timeout must be > 0, got {args.timeout}")
+    check_at_least(args.max_tokens, "--max-tokens", 1)
+    check_at_least(args.temperature, "--temperature", 0)
+    if args.requests is not None:
+        check_at_least(args.requests, "--requests", 1)
+    check_at_least(args.prompts, "--prompts", 1)
+    check_at_least(args.warmup, "--warmup", 0)
+    check_at_least(args.timeout, "--timeout", 0, strict=True)
     for t in _names(args.tasks):
         if t not in TASKS:
             raise SpecdecError(f"unknown task {t!r}; choose from {', '.join(TASKS)}")

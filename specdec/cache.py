@@ -6,12 +6,17 @@ from __future__ import annotations
 import torch
 
 
+def kv_buffers(num_layers: int, shape: tuple[int, ...], dtype: torch.dtype,
+               device: torch.device | str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Zeroed key and value buffers, one of `shape` per layer."""
+    return ([torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)])
+
+
 class KVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu", batch_size: int = 1):
-        shape = (batch_size, num_kv_heads, max_len, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.keys, self.values = kv_buffers(num_layers, (batch_size, num_kv_heads, max_len, head_dim), dtype, device)
         self.max_len = max_len
         self.length = 0  # positions [0, length) hold valid entries
 
@@ -52,9 +57,7 @@ class BatchKVCache:
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu", batch_size: int = 1):
-        shape = (batch_size, num_kv_heads, max_len, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.keys, self.values = kv_buffers(num_layers, (batch_size, num_kv_heads, max_len, head_dim), dtype, device)
         self.max_len = max_len
         self.batch_size = batch_size
         self.lengths = [0] * batch_size  # slot b holds valid entries at [0, lengths[b])

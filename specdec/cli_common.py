@@ -149,6 +149,12 @@ def load_decoder(args: argparse.Namespace, **overrides) -> SpecDecoder:
     return load(**options)
 
 
+def check_at_least(value, flag: str, low: int, strict: bool = False) -> None:
+    """A bad number on the command line: a clear error naming the option."""
+    if (value <= low) if strict else (value < low):
+        raise SpecdecError(f"{flag} must be {'>' if strict else '>='} {low}, got {value}")
+
+
 def apply_threads(args: argparse.Namespace) -> None:
     if args.threads < 0:
         raise SpecdecError(f"--threads must be >= 0 (0 = torch's default), got {args.threads}")

@@ -194,21 +194,31 @@ class Engine:
         verified = verify(seq, proposal)
         if self.needs_hidden:
             self.proposer.observe_target(self.target.last_hidden[verified.kept])
-        new, hit_eos = self._cut(verified.new_tokens, seq)
+        kept_logits = verified.logits[verified.kept] if seq.token_logprobs is not None else None
+        return self.emit(seq, verified.new_tokens, kept_logits, budget, proposal, verified.num_accepted,
+                         draft_seconds=t1 - t0, target_seconds=verified.target_seconds,
+                         other_since=t1 + verified.target_seconds, observe=self.proposer is not None)
+
+    def emit(self, seq: Sequence, tokens: list[int], logits: torch.Tensor | None, budget: int, proposal: Proposal,
+             accepted: int, draft_seconds: float, target_seconds: float, other_since: float,
+             observe: bool) -> StepRecord:
+        """Append a step's verified tokens (accepted drafts + the target's own) to seq, apply its
+        stop rules and record the step; logits[j] is the pass row that predicted tokens[j]
+        (needed for logprobs only). Shared by step() and the batched engine."""
+        new, hit_eos = self._cut(tokens, seq)
         seq.context.extend(new)
         seq.generated.extend(new)
         if seq.history is not None:
             seq.history.extend(new)
         if seq.token_logprobs is not None:
-            seq.token_logprobs += token_logprobs(verified.logits[verified.kept], new, seq.params.logprobs)
+            seq.token_logprobs += token_logprobs(logits, new, seq.params.logprobs)
         text = seq.text.push(new)
         stopped = hit_eos or seq.text.stopped
-        step = StepRecord(budget=budget, drafted=len(proposal.tokens), accepted=verified.num_accepted,
-                          new_tokens=tuple(new), text=text,
-                          draft_seconds=t1 - t0 - proposal.sync_seconds, sync_seconds=proposal.sync_seconds,
-                          target_seconds=verified.target_seconds,
-                          other_seconds=time.perf_counter() - t1 - verified.target_seconds, stopped=stopped)
-        if self.proposer is not None:
+        step = StepRecord(budget=budget, drafted=len(proposal.tokens), accepted=accepted, new_tokens=tuple(new),
+                          text=text, draft_seconds=draft_seconds - proposal.sync_seconds,
+                          sync_seconds=proposal.sync_seconds, target_seconds=target_seconds,
+                          other_seconds=time.perf_counter() - other_since, stopped=stopped)
+        if observe:
             seq.controller.observe(step)
         seq.stats.add(step)
         if stopped:
@@ -241,13 +251,16 @@ class Engine:
                     return tokens[:i + 1], True
         return tokens, False
 
+    def exact_for(self, seq: Sequence) -> bool:
+        """Whether seq's target passes use the exact (batch-invariant) kernels."""
+        return self.exact and (seq.params.greedy or seq.noise is not None)
+
     def _target_pass(self, ids: list[int], seq: Sequence, **kwargs) -> tuple[torch.Tensor, float]:
         """Exact (batch-invariant) kernels where the output is a deterministic function of the
         target's rows (greedy, seeded races); rejection sampling is lossless in distribution
         either way, so it keeps the fastest kernels."""
         t0 = time.perf_counter()
-        exact = self.exact and (seq.params.greedy or seq.noise is not None)
-        logits = self.target.extend(ids, want_hidden=self.needs_hidden, exact=exact, **kwargs)
+        logits = self.target.extend(ids, want_hidden=self.needs_hidden, exact=self.exact_for(seq), **kwargs)
         return logits, time.perf_counter() - t0
 
     def _verify_chain(self, seq: Sequence, proposal: Proposal) -> Verified:

@@ -10,6 +10,8 @@ import re
 
 import pytest
 import torch
+from test_tree_verify import completions, node_prefix
+from test_verify_exact import assert_same
 
 import specdec
 from specdec.errors import SpecdecError
@@ -47,12 +49,6 @@ def joint(lm, prefix: tuple, n: int, vocab_size: int = V) -> dict:
         if prob > 0:
             out[seq] = prob
     return out
-
-
-def assert_same(got: dict, want: dict, tol: float = 1e-9) -> None:
-    keys = set(got) | set(want)
-    worst = max(abs(got.get(x, 0.0) - want.get(x, 0.0)) for x in keys)
-    assert worst < tol, worst
 
 
 def constrained_step(target: RandomLM, draft, params: SamplingParams, k: int, paths=chain_paths) -> dict:
@@ -137,27 +133,6 @@ def test_masks_that_ignore_the_drafts_are_caught():
 TV = 5
 
 
-def node_path(i, tokens, parents) -> tuple:
-    out = []
-    while i >= 0:
-        out.append(tokens[i])
-        i = parents[i]
-    return tuple(reversed(out))
-
-
-def completions(target, ctx, emitted: dict, depth: int) -> dict:
-    out, stack = {}, list(emitted.items())
-    while stack:
-        seq, pr = stack.pop()
-        if len(seq) >= depth:
-            out[seq[:depth]] = out.get(seq[:depth], 0.0) + pr
-            continue
-        for t, pt in enumerate(target(ctx + seq).tolist()):
-            if pt > 0:
-                stack.append((seq + (t,), pr * pt))
-    return out
-
-
 @pytest.mark.parametrize("paths", ["tree", "root only"])
 def test_constrained_tree_verification_is_exact(paths):
     """Deterministic candidate trees (some nodes outside the grammar), the target's rows from
@@ -172,7 +147,8 @@ def test_constrained_tree_verification_is_exact(paths):
     parents = [-1, -1, -1, -1, 1, 1, 1, 0, 0]
     rows_of = tree_paths if paths == "tree" else (lambda t, p: [[] for _ in range(len(t) + 1)])
     history = history_with_grammar(params, TV)
-    logits = torch.stack([lm(ctx).log()] + [lm(ctx + node_path(i, tokens, parents)).log() for i in range(len(tokens))])
+    logits = torch.stack([lm(ctx).log()]
+                         + [lm(ctx + node_prefix(i, tokens, parents)).log() for i in range(len(tokens))])
     probs = final_probs(logits, params, history.rows(rows_of(tokens, parents)))
 
     def emitted(rng) -> tuple:

@@ -43,12 +43,17 @@ def test_verify_says_when_nothing_was_drafted(tmp_path, capsys):
     assert code == 1 and report["drafted_tokens"] == 0 and "INCONCLUSIVE" in report["verdict"]
 
 
-def greedy_verify(tmp_path, capsys) -> tuple[int, dict]:
+def identity_verify(tmp_path, capsys, *options: str) -> tuple[int, dict]:
+    """`specdec verify` in its token-for-token mode (3 prompts x 16 tokens) on a tiny pair."""
     target = make_model_dir(tmp_path / "t", layers=1, max_pos=2048, seed=1)
     draft = make_model_dir(tmp_path / "d", layers=1, max_pos=2048, seed=2)
     code = main(["verify", "--target", str(target), "--draft", str(draft), "--method", "draft",
-                 "--temperature", "0", "--samples", "3", "--tokens", "16", "--dtype", "float64", "--json"])
+                 "--samples", "3", "--tokens", "16", "--json", *options])
     return code, json.loads(capsys.readouterr().out)
+
+
+def greedy_verify(tmp_path, capsys) -> tuple[int, dict]:
+    return identity_verify(tmp_path, capsys, "--temperature", "0", "--dtype", "float64")
 
 
 def test_greedy_verify_compares_prompts_token_for_token(tmp_path, capsys):
@@ -76,11 +81,7 @@ def test_verify_needs_a_speculative_method(tmp_path, capsys):
 
 
 def seeded_verify(tmp_path, capsys) -> tuple[int, dict]:
-    target = make_model_dir(tmp_path / "t", layers=1, max_pos=2048, seed=1)
-    draft = make_model_dir(tmp_path / "d", layers=1, max_pos=2048, seed=2)
-    code = main(["verify", "--target", str(target), "--draft", str(draft), "--method", "draft",
-                 "--temperature", "0.8", "--seed-mode", "invariant", "--samples", "3", "--tokens", "16", "--json"])
-    return code, json.loads(capsys.readouterr().out)
+    return identity_verify(tmp_path, capsys, "--temperature", "0.8", "--seed-mode", "invariant")
 
 
 def test_seeded_verify_compares_seeded_outputs_token_for_token(tmp_path, capsys):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from specdec.cache import BatchKVCache
 from specdec.models.exact import attend_alone
-from specdec.models.llama import Attention, LlamaModel, project, rotate_half
+from specdec.models.llama import Attention, LlamaModel, project
 from specdec.models.runner import tensor_bytes
 
 # (slots attending with the shared mask, [(slot, row, key count)] attending alone)
@@ -38,16 +38,8 @@ def attend_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
 
 def _attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                cache: BatchKVCache, layer: int, exact_rows: ExactRows | None, exact: bool) -> torch.Tensor:
-    B, T, _ = x.shape
-    if attn.qkv is not None:
-        q, k, v = attn.qkv(x, exact)
-    else:
-        q, k, v = (project(p, x, exact) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-    q = q.view(B, T, attn.nh, attn.hd).transpose(1, 2)
-    k = k.view(B, T, attn.nkv, attn.hd).transpose(1, 2)
-    v = v.view(B, T, attn.nkv, attn.hd).transpose(1, 2)
-    q = q * cos + rotate_half(q) * sin
-    k = k * cos + rotate_half(k) * sin
+    T = x.shape[1]
+    q, k, v = attn.rotated_qkv(x, cos, sin, exact)
     k, v = cache.update(layer, k, v)
     gqa = attn.nkv != attn.nh
     if exact_rows is None and T <= SMALL_PASS_ROWS:
@@ -64,7 +56,7 @@ def _attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
             k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (k, v))
         for b, t, keys in alone:
             y[b:b + 1, :, t:t + 1] = attend_alone(q[b:b + 1, :, t:t + 1], k[b:b + 1], v[b:b + 1], keys, gqa)
-    return project(attn.o_proj, y.transpose(1, 2).reshape(B, T, attn.nh * attn.hd), exact)
+    return attn.output(y, exact)
 
 
 def batch_forward(model: LlamaModel, ids: list[list[int]], cache: BatchKVCache,

@@ -135,8 +135,10 @@ class Attention(nn.Module):
     def fuse(self) -> None:
         self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
 
-    def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int,
-                row_keys: list[int | torch.Tensor] | None = None, exact: bool = False) -> torch.Tensor:
+    def rotated_qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    exact: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as [B, heads, T, head_dim], rope applied to q and k (also used by the
+        batched pass, models/batch.py)."""
         B, T, _ = x.shape
         if self.qkv is not None:
             q, k, v = self.qkv(x, exact)
@@ -145,8 +147,17 @@ class Attention(nn.Module):
         q = q.view(B, T, self.nh, self.hd).transpose(1, 2)
         k = k.view(B, T, self.nkv, self.hd).transpose(1, 2)
         v = v.view(B, T, self.nkv, self.hd).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+    def output(self, y: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """The heads' outputs [B, heads, T, head_dim] through o_proj."""
+        B, _, T, _ = y.shape
+        return project(self.o_proj, y.transpose(1, 2).reshape(B, T, self.nh * self.hd), exact)
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int,
+                row_keys: list[int | torch.Tensor] | None = None, exact: bool = False) -> torch.Tensor:
+        T = x.shape[1]
+        q, k, v = self.rotated_qkv(x, cos, sin, exact)
         if cache is not None:
             k, v = cache.update(layer, k, v)
         if row_keys is not None:
@@ -160,7 +171,7 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=mask is None and cache is None and T > 1,
                 enable_gqa=self.nkv != self.nh)
-        return project(self.o_proj, y.transpose(1, 2).reshape(B, T, self.nh * self.hd), exact)
+        return self.output(y, exact)
 
 
 class MLP(nn.Module):

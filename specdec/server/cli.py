@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from specdec.cli_common import add_model_args, add_threads_arg, apply_threads, load_decoder
+from specdec.cli_common import add_model_args, add_threads_arg, apply_threads, check_at_least, load_decoder
 from specdec.errors import SpecdecError
 from specdec.extras import require
 
@@ -43,14 +43,11 @@ def add_parser(sub) -> None:
 def check_args(args) -> None:
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in [0, 65535], got {args.port}")
-    if args.max_queue < 1:
-        raise SpecdecError(f"--max-queue must be >= 1, got {args.max_queue}")
-    if args.max_batch < 1:
-        raise SpecdecError(f"--max-batch must be >= 1, got {args.max_batch}")
-    if args.max_len is not None and args.max_len < 2:
-        raise SpecdecError(f"--max-len must be >= 2, got {args.max_len}")
-    if args.max_tokens_limit < 1:
-        raise SpecdecError(f"--max-tokens-limit must be >= 1, got {args.max_tokens_limit}")
+    check_at_least(args.max_queue, "--max-queue", 1)
+    check_at_least(args.max_batch, "--max-batch", 1)
+    if args.max_len is not None:
+        check_at_least(args.max_len, "--max-len", 2)
+    check_at_least(args.max_tokens_limit, "--max-tokens-limit", 1)
     if args.model_name is not None and not args.model_name.strip():
         raise SpecdecError("--model-name must not be empty")
     if args.api_key is not None and not args.api_key:

@@ -173,14 +173,9 @@ class EngineWorker:
             return
         while not self._stop.is_set():
             job = self.queue.get()
-            if job is None:
-                continue
-            if job.cancelled:
-                self.metrics.requests_cancelled.inc()
-                job.post(Event("end"))
+            if not self._admit(job):
                 continue
             self._current = job
-            self._started(job)
             try:
                 self._run_job(job)
             except SpecdecError as e:
@@ -193,6 +188,18 @@ class EngineWorker:
                 self.metrics.num_requests_running.dec()
                 self._current = None
                 job.post(Event("end"))
+
+    def _admit(self, job: Job | None) -> bool:
+        """Whether a job taken from the queue runs: a cancelled one is ended here, None (the
+        stop signal) skipped; an admitted job's first choice starts now."""
+        if job is None:
+            return False
+        if job.cancelled:
+            self.metrics.requests_cancelled.inc()
+            job.post(Event("end"))
+            return False
+        self._started(job)
+        return True
 
     def _started(self, job: Job) -> None:
         """The engine takes a job from the queue (and its first choice starts now)."""
@@ -258,13 +265,8 @@ class EngineWorker:
                     job = self.queue.get(timeout=0.5) if block and not self._jobs else self.queue.get_nowait()
                 except queue.Empty:
                     return
-                if job is None:
+                if not self._admit(job):
                     continue
-                if job.cancelled:
-                    self.metrics.requests_cancelled.inc()
-                    job.post(Event("end"))
-                    continue
-                self._started(job)
                 running = RunningJob(job, deque(enumerate(job.samplings)))
                 self._jobs.append(running)
             index, sampling = running.waiting.popleft()
