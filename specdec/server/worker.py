@@ -173,7 +173,7 @@ class EngineWorker:
             return
         while not self._stop.is_set():
             job = self.queue.get()
-            if not self._admit(job):
+            if not self._accept(job):
                 continue
             self._current = job
             try:
@@ -189,7 +189,7 @@ class EngineWorker:
                 self._current = None
                 job.post(Event("end"))
 
-    def _admit(self, job: Job | None) -> bool:
+    def _accept(self, job: Job | None) -> bool:
         """Whether a job taken from the queue runs: a cancelled one is ended here, None (the
         stop signal) skipped; an admitted job's first choice starts now."""
         if job is None:
@@ -265,7 +265,7 @@ class EngineWorker:
                     job = self.queue.get(timeout=0.5) if block and not self._jobs else self.queue.get_nowait()
                 except queue.Empty:
                     return
-                if not self._admit(job):
+                if not self._accept(job):
                     continue
                 running = RunningJob(job, deque(enumerate(job.samplings)))
                 self._jobs.append(running)
