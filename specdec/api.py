@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from specdec.batch_engine import BatchEngine
-from specdec.bundled import DEFAULT_DRAFT, DEFAULT_EAGLE, DEFAULT_MEDUSA, DEFAULT_TARGET
+from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET, default_head
 from specdec.engine import Engine, GenerationResult, StreamChunk
 from specdec.errors import SpecdecError
 from specdec.grammar import grammar_from_response_format
@@ -241,10 +241,10 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     elif method in ("medusa", "eagle"):
         if not target_runner.supports_tree:
             raise SpecdecError(f"method {method!r} needs the native runtime (llama, mistral, qwen2)")
-        if draft is None and target is not None:
+        draft_path = Path(draft) if draft is not None else default_head(target, method)
+        if draft_path is None:
             raise SpecdecError(f"method {method!r} needs a {method} head folder (--draft DIR): none is "
-                               "bundled for a custom target")
-        draft_path = Path(draft) if draft is not None else (DEFAULT_MEDUSA if method == "medusa" else DEFAULT_EAGLE)
+                               "shipped for this target")
         proposer = head_proposer(method, draft_path, target_runner, tree_nodes)
     elif draft is not None:
         raise SpecdecError(f"a draft model was given but method is {method!r}; use method 'draft'")

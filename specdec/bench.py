@@ -18,7 +18,7 @@ import torch
 
 from specdec.api import SpecDecoder, load
 from specdec.bench_peers import HF_METHODS, LLAMA_CPP_METHODS, LlamaCppPeer, TransformersPeer, llama_cpp_gguf
-from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model_name
+from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET, default_head, resolve_model_name
 from specdec.chat_template import ChatTemplate
 from specdec.cli_common import add_checkpoint_args, add_quantize_args, add_threads_arg, apply_threads
 from specdec.errors import SpecdecError
@@ -85,7 +85,8 @@ def default_methods(target: str | None, draft: str | None, llama_server: Path | 
     if target is None or resolve_model_name(target).resolve() == DEFAULT_TARGET.resolve():
         methods = ["none", "draft", "ngram", "medusa", "eagle", "hf", "hf-assisted", "hf-lookup"]
     else:
-        methods = ["none", "ngram"] + (["draft"] if draft else []) + ["hf", "hf-lookup"]
+        methods = ["none", "ngram"] + (["draft"] if draft else [])
+        methods += [m for m in ("medusa", "eagle") if default_head(target, m) is not None] + ["hf", "hf-lookup"]
         methods += ["hf-assisted"] if draft else []
     return methods + (["llama.cpp", "llama.cpp-ngram"] if llama_server else [])
 

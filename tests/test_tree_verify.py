@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specdec.penalties import TokenHistory, tree_paths
+from specdec.proposers.draft_vocab import expand_logits
 from specdec.sampling import SamplingParams, final_probs
 from specdec.verify import tree_attention_mask, tree_depths, verify_tree_greedy, verify_tree_sampling
 
@@ -128,6 +129,30 @@ def test_sampled_tree_is_exact(seed, sparse):
     of the tree): the emitted tokens follow the target exactly, over draws and verification."""
     target, draft = LM(seed, sparse), LM(seed + 100, not sparse)
     ctx = (0,)
+    outcomes = enumerate_outcomes(lambda rng: sampled_tree_step(rng, target, draft, ctx, seed))
+    assert_matches_target(target, ctx, outcomes, 3)
+
+
+class ReducedVocabLM:
+    """A draft over a reduced vocabulary as EAGLE's reduced head gives it: its own
+    distribution over the `d2t` tokens, expanded to -inf logits elsewhere (zero probability)."""
+
+    def __init__(self, seed: int, d2t: list[int]):
+        self.lm, self.d2t = RandomLM(seed, vocab_size=len(d2t), power=3), torch.tensor(d2t)
+
+    def __call__(self, prefix: tuple) -> torch.Tensor:
+        return final_probs(expand_logits(self.lm(prefix).log(), self.d2t, V), SamplingParams(temperature=1.0))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("d2t", [[0, 2, 3], [4]])
+def test_reduced_draft_vocabulary_is_exact(seed, d2t):
+    """A draft that can never propose some tokens the target gives mass to (dense target, draft
+    zero outside d2t): the emitted tokens still follow the target exactly."""
+    target, draft = LM(seed), ReducedVocabLM(seed + 100, d2t)
+    ctx = (0,)
+    assert all(float(target(ctx)[t]) > 0 for t in range(V) if t not in d2t)  # mass the draft cannot reach
+    assert all(float(draft(ctx)[t]) == 0 for t in range(V) if t not in d2t)
     outcomes = enumerate_outcomes(lambda rng: sampled_tree_step(rng, target, draft, ctx, seed))
     assert_matches_target(target, ctx, outcomes, 3)
 

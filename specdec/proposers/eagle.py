@@ -20,6 +20,7 @@ from specdec.models.llama import DecoderLayer, RMSNorm, RopeTable, rope_inv_freq
 from specdec.models.runner import tensor_bytes
 from specdec.penalties import PenaltyRows, TokenHistory, adjust_logits, tree_paths
 from specdec.proposers.base import Proposal
+from specdec.proposers.draft_vocab import expand_logits
 from specdec.proposers.head_folder import load_head, save_head
 from specdec.sampling import SamplingParams, draw_distinct, final_probs
 from specdec.seeded import PositionNoise
@@ -28,7 +29,10 @@ EAGLE_TYPE = "specdec-eagle"
 
 
 class EagleHead(nn.Module):
-    def __init__(self, config: ModelConfig):
+    """draft_vocab > 0: the head has its own output projection over that many tokens (the
+    d2t buffer maps them to target ids, draft_vocab.py); 0: drafts use the target's lm_head."""
+
+    def __init__(self, config: ModelConfig, draft_vocab: int = 0):
         super().__init__()
         d = config.hidden_size
         self.config = config
@@ -36,6 +40,14 @@ class EagleHead(nn.Module):
         self.layer = DecoderLayer(config)
         self.norm = RMSNorm(d, config.rms_norm_eps)
         self.rope = RopeTable(rope_inv_freq(config))
+        self.lm_head: nn.Linear | None = None
+        if draft_vocab:
+            self.lm_head = nn.Linear(d, draft_vocab, bias=False)
+            self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
+
+    @property
+    def draft_vocab(self) -> int:
+        return 0 if self.lm_head is None else self.lm_head.out_features
 
     def new_cache(self, max_len: int) -> KVCache:
         c = self.config
@@ -59,11 +71,13 @@ class EagleHead(nn.Module):
 
 def save_eagle(head: EagleHead, folder: str | Path, meta: dict) -> None:
     """meta: the tree shape, measured accuracies and training facts, stored after the shape."""
-    save_head(head, folder, {"model_type": EAGLE_TYPE, "head_config": head.config.to_hf_dict(), **meta})
+    save_head(head, folder, {"model_type": EAGLE_TYPE, "head_config": head.config.to_hf_dict(),
+                             "draft_vocab_size": head.draft_vocab, **meta})
 
 
 def load_eagle(folder: str | Path, dtype: torch.dtype = torch.float32) -> tuple[EagleHead, dict]:
-    return load_head(folder, EAGLE_TYPE, lambda cfg: EagleHead(ModelConfig.from_hf_dict(cfg["head_config"])), dtype)
+    return load_head(folder, EAGLE_TYPE, lambda cfg: EagleHead(ModelConfig.from_hf_dict(cfg["head_config"]),
+                                                               cfg.get("draft_vocab_size", 0)), dtype)
 
 
 @dataclass
@@ -82,6 +96,7 @@ class EagleProposer:
     def __init__(self, head: EagleHead, embed: nn.Embedding, lm_head: nn.Module, max_len: int,
                  tree: TreeShape | None = None):
         self.head, self.embed, self.lm_head = head, embed, lm_head
+        self.vocab_size = embed.num_embeddings
         self.tree = tree or TreeShape()
         n = self.tree.nodes
         self.tree_sizes = sorted({min(s, n) for s in (4, 8, 16, n)})
@@ -141,6 +156,12 @@ class EagleProposer:
         proposal.sync_seconds = sync_seconds
         return proposal
 
+    def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Float logits over the target's vocabulary (-inf outside a reduced draft vocabulary)."""
+        if self.head.lm_head is None:
+            return self.lm_head(features).float()
+        return expand_logits(self.head.lm_head(features).float(), self.head.d2t, self.vocab_size)
+
     def _children(self, features: torch.Tensor, top_k: int, params: SamplingParams,
                   generator: torch.Generator | None, rows: PenaltyRows | None = None,
                   exponentials: torch.Tensor | None = None,
@@ -149,7 +170,7 @@ class EagleProposer:
         top k, sampling draws k without replacement from the final distribution q (returned).
         rows: with penalties, each feature row's token counts (the tree path it follows).
         exponentials: seeded races' noise for the children's position (seeded.py)."""
-        logits = self.lm_head(features).float()
+        logits = self.draft_logits(features)
         if params.greedy:
             if rows is not None:
                 logits = adjust_logits(logits, params, rows)

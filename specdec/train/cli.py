@@ -232,7 +232,117 @@ def cmd_eagle(args) -> int:
     return 0
 
 
+def cmd_eagle_data(args) -> int:
+    """Self-distilled answers (generations.jsonl) and the target's features over them and over
+    stdlib code windows (train/), plus held-out code windows (heldout/). Each part is skipped
+    when its file exists, so an interrupted run resumes."""
+    import specdec
+    from specdec.bundled import resolve_model_name
+    from specdec.models.checkpoint import load_native
+    from specdec.text import TextTokenizer
+    from specdec.train.corpus import split_files
+    from specdec.train.features import FEATURES_FILE, code_windows, extract_features
+    from specdec.train.self_distill import generate_answers, read_generations
+
+    out = Path(args.out)
+    train_files, held_files = split_files(_corpus_root(args))
+    if not (out / "generations.jsonl").is_file():
+        decoder = specdec.load(args.target, dtype=args.dtype, exact=False, max_len=args.max_len)
+        generate_answers(decoder, train_files, out, args.prompts, args.max_tokens, max_batch=args.max_batch)
+        del decoder
+    target_path = resolve_model_name(args.target)
+    model = load_native(target_path, args.dtype)
+    tok = TextTokenizer(target_path).tok
+    if not (out / "train" / FEATURES_FILE).is_file():
+        gens = read_generations(out / "generations.jsonl")
+        seqs = [g["prompt_ids"] + g["output_ids"] for g in gens]
+        seqs += code_windows(tok, train_files, args.seq_len, args.code_tokens)
+        data = extract_features(model, seqs)
+        data.save(out / "train")
+        print(f"train: {data.num_sequences} sequences, {len(data.tokens)} tokens -> {out / 'train'}")
+    if not (out / "heldout" / FEATURES_FILE).is_file():
+        data = extract_features(model, code_windows(tok, held_files, args.seq_len, args.heldout_tokens))
+        data.save(out / "heldout")
+        print(f"heldout: {data.num_sequences} sequences, {len(data.tokens)} tokens -> {out / 'heldout'}")
+    return 0
+
+
+def cmd_eagle_features(args) -> int:
+    """An EAGLE head with a reduced draft vocabulary, trained on stored target features."""
+    require("rich.progress", "train", "training")
+    from dataclasses import replace
+
+    from specdec.bundled import resolve_model_name
+    from specdec.models.checkpoint import load_native
+    from specdec.proposers.draft_vocab import coverage, frequent_tokens
+    from specdec.proposers.eagle import EagleHead, TreeShape, load_eagle, save_eagle
+    from specdec.train.features import FeatureSet
+    from specdec.train.heads import eagle_feature_accuracy, train_eagle_features
+    from specdec.train.loop import LoopSettings
+
+    target = load_native(resolve_model_name(args.target), "float32")
+    embed, lm_weight = target.model.embed_tokens, target.lm_head.weight.detach()
+    data = FeatureSet.load(Path(args.features) / "train")
+    held = FeatureSet.load(Path(args.features) / "heldout")
+    counts = data.token_counts(target.config.vocab_size)
+    cfg = _head_config(args)
+    cfg.unroll, cfg.feature_noise, cfg.cls_weight = args.unroll, args.feature_noise, args.cls_weight
+    torch.manual_seed(args.seed)
+    if args.init:
+        head = load_eagle(args.init)[0].train()
+    else:
+        head = EagleHead(replace(target.config, num_hidden_layers=1), args.draft_vocab)
+        head.d2t.copy_(frequent_tokens(counts, args.draft_vocab))
+        with torch.no_grad():  # start from the target's own output rows
+            head.lm_head.weight.copy_(lm_weight[head.d2t])
+    out = Path(args.out)
+    settings = LoopSettings("eagle", checkpoint_dir=out / "run", checkpoint_every=args.checkpoint_every)
+    seconds = train_eagle_features(head, embed, lm_weight, data, cfg, settings)
+    acc = eagle_feature_accuracy(head, embed, lm_weight, held, seq_len=min(256, cfg.seq_len))
+    meta = {"target": args.target, "target_vocab_size": target.config.vocab_size,
+            "tree": TreeShape().__dict__, "heldout_accuracy": acc,
+            "draft_vocab_coverage_of_training_tokens": round(coverage(counts, head.d2t), 4),
+            "train_tokens": len(data.tokens), "train_seconds": round(seconds), "init": args.init,
+            "train_config": cfg.__dict__}
+    save_eagle(head, out / "model", meta)
+    print(json.dumps(acc))
+    print(f"head saved to {out / 'model'}")
+    return 0
+
+
 def add_head_parsers(tsub) -> None:
+    d = tsub.add_parser("eagle-data", help="self-distilled answers and stored target features for an EAGLE head")
+    d.add_argument("--target", required=True, help="target model (folder, GGUF or a name such as smollm2)")
+    d.add_argument("--out", required=True, help="data folder (resumes: finished parts are kept)")
+    d.add_argument("--corpus", help="folder of .py files (default: this Python's stdlib)")
+    d.add_argument("--dtype", default="bfloat16", help="the dtype the target will serve in")
+    d.add_argument("--prompts", type=int, default=400, help="chat and code-completion prompts answered, each")
+    d.add_argument("--max-tokens", type=int, default=160, help="tokens per answer")
+    d.add_argument("--max-batch", type=int, default=16)
+    d.add_argument("--max-len", type=int, default=1024)
+    d.add_argument("--seq-len", type=int, default=512, help="code window length")
+    d.add_argument("--code-tokens", type=int, default=400_000, help="stdlib code tokens (training split)")
+    d.add_argument("--heldout-tokens", type=int, default=40_000, help="held-out stdlib code tokens")
+    d.set_defaults(func=cmd_eagle_data)
+    f = tsub.add_parser("eagle-features", help="train an EAGLE head with a reduced draft vocabulary on "
+                                               "stored features (from eagle-data)")
+    f.add_argument("--target", required=True)
+    f.add_argument("--features", required=True, help="the eagle-data folder")
+    f.add_argument("--out", required=True, help="run folder (checkpoints in OUT/run, the head in OUT/model)")
+    f.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head predicts over")
+    f.add_argument("--steps", type=int, default=1500)
+    f.add_argument("--batch-size", type=int, default=8)
+    f.add_argument("--seq-len", type=int, default=256)
+    f.add_argument("--lr", type=float, default=1e-3)
+    f.add_argument("--unroll", type=int, default=2)
+    f.add_argument("--feature-noise", type=float, default=0.1)
+    f.add_argument("--cls-weight", type=float, default=0.1)
+    f.add_argument("--checkpoint-every", type=int, default=100)
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--threads", type=int, default=0)
+    f.add_argument("--init", help="continue from an existing head folder")
+    f.set_defaults(func=cmd_eagle_features)
+
     for name, func, steps in (("medusa", cmd_medusa, 600), ("eagle", cmd_eagle, 800)):
         p = tsub.add_parser(name, help=f"train {name} head(s) on a frozen target")
         p.add_argument("--target", required=True)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.models import LlamaModel
+from specdec.train.features import FeatureSet, Windows
 from specdec.train.loop import LoopSettings, OptimConfig, seed_run, train_loop
 
 if TYPE_CHECKING:
@@ -123,3 +124,67 @@ def eagle_accuracy(target: LlamaModel, head: EagleHead, tokens: np.ndarray, seq_
         topk += (top == want[:, None]).any(-1).sum().item()
         count += len(want)
     return {"top1": round(top1 / count, 4), f"top{top_k}": round(topk / count, 4)}
+
+
+def train_eagle_features(head: EagleHead, embed: torch.nn.Embedding, target_lm_weight: torch.Tensor,
+                         data: FeatureSet, cfg: HeadTrainConfig, settings: LoopSettings, log=print) -> float:
+    """train_eagle from stored target features (features.py) for a head with its own output
+    projection over a reduced draft vocabulary (head.d2t). The distillation target at each
+    position is the target's probability of each draft-vocabulary token: mass outside the
+    draft vocabulary can never be drafted, so it weighs nothing. Padding rows of short
+    windows are masked out of both losses. Returns the training seconds."""
+    seed_run(cfg)
+    windows = Windows.cut(data, cfg.seq_len)
+    kept_weight = target_lm_weight[head.d2t].float()  # [N, d]: the target's logits over the draft vocabulary
+    noise_gen = torch.Generator().manual_seed(cfg.seed + 1)
+
+    def sample(gen: torch.Generator):
+        return windows.batch(data, torch.randint(0, len(windows.begin), (cfg.batch_size,), generator=gen))
+
+    def step_loss(batch) -> torch.Tensor:
+        tokens, feats, lse, valid = batch
+        with torch.no_grad():
+            target_p = (feats @ kept_weight.T - lse[..., None]).exp()
+            noise = (torch.rand(feats.shape, generator=noise_gen) * 2 - 1) * cfg.feature_noise
+            token_embeds = embed(tokens).float()
+        inputs = feats + noise
+        loss = 0.0
+        for s in range(1, cfg.unroll + 1):  # as in train_eagle: s > 1 feeds the head its own predictions
+            n = inputs.shape[1] - 1
+            pred = head(inputs[:, :n], token_embeds[:, s:s + n], torch.arange(s - 1, s - 1 + n))
+            mask = valid[:, s:s + n].float()
+            reg = F.smooth_l1_loss(pred, feats[:, s:s + n], reduction="none").mean(-1)
+            cls = -(target_p[:, s:s + n] * F.log_softmax(head.lm_head(pred).float(), -1)).sum(-1)
+            loss = loss + ((reg + cfg.cls_weight * cls) * mask).sum() / mask.sum().clamp(min=1)
+            inputs = pred
+        return loss
+
+    return train_loop(head, step_loss, None, cfg, settings, log, sample=sample)
+
+
+@torch.inference_mode()
+def eagle_feature_accuracy(head: EagleHead, embed: torch.nn.Embedding, target_lm_weight: torch.Tensor,
+                           data: FeatureSet, depth: int = 3, seq_len: int = 256, max_windows: int = 64) -> dict:
+    """Held-out agreement of the head's top-1 draft with the target's argmax, teacher-forced on
+    tokens, at draft depth 1..depth (depth s reads the head's own features from step s-1, as a
+    chain draft does); also the draft vocabulary's coverage of the target's argmax tokens."""
+    windows = Windows.cut(data, seq_len)
+    index = torch.arange(min(max_windows, len(windows.begin)))
+    hits, counts = torch.zeros(depth), torch.zeros(depth)
+    covered = total = 0
+    for i in index.split(8):
+        tokens, feats, _, valid = windows.batch(data, i)
+        want = (feats @ target_lm_weight.float().T).argmax(-1)  # the target's greedy token after each row
+        covered += (torch.isin(want, head.d2t) & valid).sum().item()
+        total += valid.sum().item()
+        inputs, embeds = feats, embed(tokens).float()
+        for s in range(1, depth + 1):
+            n = inputs.shape[1] - 1
+            pred = head(inputs[:, :n], embeds[:, s:s + n], torch.arange(s - 1, s - 1 + n))
+            draft = head.d2t[head.lm_head(pred).argmax(-1)]
+            mask = valid[:, s:s + n]
+            hits[s - 1] += ((draft == want[:, s:s + n]) & mask).sum()
+            counts[s - 1] += mask.sum()
+            inputs = pred
+    return {"top1_by_depth": [round(v, 4) for v in (hits / counts).tolist()],
+            "argmax_coverage": round(covered / total, 4)}

@@ -88,11 +88,15 @@ def _check(tokens: np.ndarray, cfg: OptimConfig) -> None:
 
 
 def train_loop(module: torch.nn.Module, loss_of_batch: Callable[[torch.Tensor], torch.Tensor],
-               tokens: np.ndarray, cfg: OptimConfig, settings: LoopSettings, log=print) -> float:
+               tokens: np.ndarray | None, cfg: OptimConfig, settings: LoopSettings, log=print,
+               sample: Callable[[torch.Generator], object] | None = None) -> float:
     """Train module's trainable parameters up to step cfg.steps on batches of tokens (resuming
     from settings.checkpoint_dir when it holds a checkpoint); leave it in eval mode. Returns
-    the training seconds of all runs of this training (resumes included)."""
-    _check(tokens, cfg)
+    the training seconds of all runs of this training (resumes included). sample: draws a
+    batch of another kind from the run's generator (then `tokens` is unused)."""
+    if sample is None:
+        _check(tokens, cfg)
+        sample = lambda gen: sample_batch(tokens, cfg, gen)  # noqa: E731
     gen = torch.Generator().manual_seed(cfg.seed)
     opt = adamw(module, cfg)
     params = [p for p in module.parameters() if p.requires_grad]
@@ -108,7 +112,7 @@ def train_loop(module: torch.nn.Module, loss_of_batch: Callable[[torch.Tensor], 
         for step in range(start, cfg.steps):
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, cfg)
-            loss = loss_of_batch(sample_batch(tokens, cfg, gen))
+            loss = loss_of_batch(sample(gen))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
