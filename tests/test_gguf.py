@@ -435,3 +435,26 @@ def test_smollm2_greedy_matches_transformers_float32():
         with torch.no_grad():
             out = hf.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=eos, pad_token_id=2)
         assert out[0, ids.shape[1]:].tolist() == ours, prompt
+
+
+@needs_smollm2
+def test_smollm2_eagle_head_is_shipped_and_lossless():
+    """`--method eagle` with SmolLM2 picks the shipped head (by name or by the GGUF's path); its
+    greedy and seeded outputs in bfloat16 are plain decoding's, and it drafts usefully (a head
+    that never matched the target would make one token per target pass)."""
+    from specdec.bundled import BUNDLED_DIR, default_head
+
+    assert default_head("smollm2", "eagle") == default_head(SMOLLM2, "eagle") == BUNDLED_DIR / "smollm2-eagle"
+    assert default_head("smollm2", "medusa") is None
+    plain = specdec.load(target="smollm2", dtype="bfloat16", calibrate=False)
+    eagle = specdec.load(target="smollm2", method="eagle", dtype="bfloat16", calibrate=False)
+    assert eagle.draft_path == BUNDLED_DIR / "smollm2-eagle"
+    passes = tokens = 0
+    for prompt in ("def parse_header(line):\n    \"\"\"Split an HTTP header line into name and value.\"\"\"\n",
+                   "<|im_start|>user\nExplain what a Python list is.<|im_end|>\n<|im_start|>assistant\n"):
+        out = eagle.generate(prompt, temperature=0, max_new_tokens=32)
+        assert out.token_ids == plain.generate(prompt, temperature=0, max_new_tokens=32).token_ids
+        passes, tokens = passes + out.stats.target_forwards, tokens + len(out.token_ids)
+        seeded = dict(temperature=1.0, seed=5, max_new_tokens=16)
+        assert eagle.generate(prompt, **seeded).token_ids == plain.generate(prompt, **seeded).token_ids
+    assert tokens / passes > 1.8
