@@ -727,6 +727,13 @@ BAD = [
     ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21},
      400, "top_logprobs", "top_logprobs"),
     ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "echo": True}, 400, "echo", "echo"),
+    # other servers' output constraints are refused, naming ours, never silently ignored
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "json_schema": {"const": "42"}}, 400,
+     '"type": "json_schema"', "json_schema"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "grammar": 'root ::= "a"'}, 400,
+     "not GBNF", "grammar"),
+    ("completions", {"prompt": "a", "guided_regex": "a+"}, 400, '"type": "regex"', "guided_regex"),
+    ("completions", {"prompt": "a", "guided_choice": ["a", "b"]}, 400, "response_format", "guided_choice"),
 ]
 
 

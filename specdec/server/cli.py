@@ -16,7 +16,7 @@ API_KEY_ENV = "SPECDEC_API_KEY"
 
 def add_parser(sub) -> None:
     s = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (/v1/completions, "
-                                     "/v1/chat/completions, /v1/models, /health, /metrics)")
+                                     "/v1/chat/completions, /v1/responses, /v1/models, /health, /metrics)")
     add_model_args(s)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")

@@ -1,9 +1,10 @@
 """The HTTP routes. Handlers find the app's ServerState on request.app.state.server.
 
-POST /v1/completions, POST /v1/chat/completions: the body is read raw (at most
-settings.max_body_bytes) and checked by validation.RequestParser, never by FastAPI, so no
-route declares a body or typed parameter; the job goes to the engine worker and its events
-come back as one JSON object or as server-sent events.
+POST /v1/completions, POST /v1/chat/completions (and POST /v1/responses, through the chat
+path: responses_api.py): the body is read raw (at most settings.max_body_bytes) and checked
+by validation.RequestParser, never by FastAPI, so no route declares a body or typed
+parameter; the job goes to the engine worker and its events come back as one JSON object or
+as server-sent events.
 GET /v1/models, /v1/models/{id}, /health, /metrics."""
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from specdec.logprobs import token_texts
-from specdec.server import responses
+from specdec.server import responses, responses_api
 from specdec.server.errors import ApiError
 from specdec.server.fields import model_not_found, parse_json_object
 from specdec.server.responses import ResponseHeader
@@ -48,6 +49,26 @@ async def completions(request: Request):
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
     return await parse_and_generate(request, RequestParser.chat)
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request):
+    """The Responses API, answered by the chat path (responses_api.py)."""
+    state = server_state(request)
+    body = parse_json_object(await read_body(request, state.settings.max_body_bytes))
+
+    def parse() -> GenerationRequest:
+        try:
+            return state.parser.chat(responses_api.chat_body(body))
+        except ApiError as e:
+            raise responses_api.renamed(e) from None
+
+    req = await run_in_threadpool(parse)
+    job = submit(state, req)
+    writer = responses_api.ResponseWriter(body, req, state.served_name, state.decoder.method)
+    if req.stream:
+        return event_stream(job, responses_api.stream(job, writer))
+    return JSONResponse(writer.response((await collect(request, job, 1))[0]))
 
 
 def _model_card(state: ServerState) -> dict:
@@ -107,7 +128,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def generate(request: Request, state: ServerState, req: GenerationRequest) -> Response:
+def submit(state: ServerState, req: GenerationRequest) -> Job:
+    """The request's job, queued for the engine worker (a 429 when the queue is full)."""
     job = Job(req.prompt_ids, req.samplings(), req.stream, asyncio.get_running_loop(),
               prompts=[req.prompt_of(i).ids for i in range(req.num_choices)], prompt_tokens=req.prompt_tokens)
     try:
@@ -115,13 +137,22 @@ async def generate(request: Request, state: ServerState, req: GenerationRequest)
     except QueueFull:
         raise ApiError(429, f"the server is busy: {state.settings.max_queue} requests are already waiting; "
                             "retry later", code="queue_full", headers={"Retry-After": "1"}) from None
+    return job
+
+
+def event_stream(job: Job, events) -> Response:
+    return JobStreamingResponse(job, events, media_type="text/event-stream",
+                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def generate(request: Request, state: ServerState, req: GenerationRequest) -> Response:
+    job = submit(state, req)
     chat = req.kind == "chat"
     head = ResponseHeader(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                           state.served_name, chat, state.decoder.method,
                           token_texts(state.decoder.tokenizer) if req.logprobs is not None else None)
     if req.stream:
-        return JobStreamingResponse(job, stream_events(job, req, head), media_type="text/event-stream",
-                                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return event_stream(job, stream_events(job, req, head))
     return JSONResponse(responses.completion_object(head, req, await collect(request, job, req.num_choices)))
 
 

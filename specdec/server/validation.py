@@ -68,6 +68,17 @@ UNSUPPORTED = {
     "function_call": ("none",),
     "chat_template": (),  # only the model's own template is ever rendered
 }
+# Other servers' ways to constrain the output (llama.cpp: json_schema, GBNF grammar; vLLM: guided_*):
+# refused with the response_format that does the same here, since ignoring one returns
+# unconstrained text to a client that relies on the constraint.
+CONSTRAINT_EXTENSIONS = {
+    "json_schema": 'response_format {"type": "json_schema", "json_schema": {"schema": ...}}',
+    "guided_json": 'response_format {"type": "json_schema", "json_schema": {"schema": ...}}',
+    "grammar": 'response_format {"type": "lark", "grammar": ...} (a Lark grammar, not GBNF)',
+    "guided_grammar": 'response_format {"type": "lark", "grammar": ...}',
+    "guided_regex": 'response_format {"type": "regex", "regex": ...}',
+    "guided_choice": 'response_format {"type": "regex", "regex": "a|b|..."}',
+}
 # the same, for a parameter only the other endpoint takes
 UNSUPPORTED_BY_KIND = {
     "completion": {"top_logprobs": (0,), "tools": ([],), "tool_choice": ("none",)},  # completions take logprobs: N
@@ -136,6 +147,9 @@ def check_unsupported(body: dict, kind: str) -> None:
         if value is not None and not _is_off(value, off_values):
             where = "by this endpoint" if name in UNSUPPORTED_BY_KIND[kind] else "by this server"
             raise bad_request(f"{name} is not supported {where} (got {describe(value)})", name)
+    for name, instead in CONSTRAINT_EXTENSIONS.items():
+        if body.get(name) is not None:
+            raise bad_request(f"{name} is another server's extension, not supported here; use {instead}", name)
     best_of = body.get("best_of")
     n = body.get("n") if body.get("n") is not None else 1
     if best_of is not None and not (is_integer(best_of) and best_of == n):
