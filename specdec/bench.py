@@ -312,7 +312,7 @@ def add_parser(sub) -> None:
     add_checkpoint_args(b, draft_help="draft model for draft and hf-assisted (default: the bundled one "
                                       "for the bundled target)")
     b.add_argument("--medusa", help="Medusa heads folder (default: bundled, for the bundled target)")
-    b.add_argument("--eagle", help="EAGLE head folder (default: bundled, for the bundled target)")
+    b.add_argument("--eagle", help="EAGLE head folder (default: the one shipped for the target: bundled pair, smollm2)")
     b.add_argument("--llama-cpp", metavar="DIR", help=f"llama.cpp build folder holding llama-server "
                                                       f"(default: ${ENV_VAR}, else llama-server on PATH)")
     b.add_argument("--llama-cpp-gguf", metavar="FILE", help="GGUF for the llama.cpp methods (default: the "

@@ -15,7 +15,8 @@ from specdec.sampling import SEED_MODES
 
 def add_checkpoint_args(p: argparse.ArgumentParser,
                         draft_help: str = "draft model folder (method draft) or Medusa/EAGLE head folder; "
-                                          "default: the bundled one for the bundled target") -> None:
+                                          "default: the one shipped for the target (bundled pair; smollm2: eagle)",
+                        ) -> None:
     p.add_argument("--target", help="target model folder (HF layout); default: bundled pycode-target")
     p.add_argument("--draft", help=draft_help)
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | float64")

@@ -102,3 +102,24 @@ def test_reduced_vocabulary_head_is_lossless(target, data, tmp_path):
     assert drafted and all(set(p.tokens) <= set(head.d2t.tolist()) for p in drafted)
     assert all(p.draft_probs[:, ~torch.isin(torch.arange(len(p.draft_probs[0])), head.d2t)].sum() == 0
                for p in drafted if p.draft_probs is not None)
+
+
+def test_head_training_resumes_from_its_checkpoint(target, data, tmp_path):
+    """Checkpoints of a head hold its own state dict (its lm_head and d2t too): a finished run
+    restarted on the same folder resumes at its last step with the same weights."""
+    def run(seed: int) -> EagleHead:
+        torch.manual_seed(seed)
+        head = EagleHead(replace(target.config, num_hidden_layers=1), draft_vocab=32)
+        head.d2t.copy_(frequent_tokens(data.token_counts(target.config.vocab_size), 32))
+        cfg = HeadTrainConfig(steps=2, batch_size=2, seq_len=16, warmup=1)
+        settings = LoopSettings("eagle", checkpoint_dir=tmp_path / "run", checkpoint_every=1)
+        train_eagle_features(head, target.model.embed_tokens, target.lm_head.weight.detach(), data, cfg,
+                             settings, log=logs.append)
+        return head
+
+    logs = []
+    first = run(1)
+    second = run(2)  # another initialisation: only the restore can make it equal
+    assert any("resumed" in line and "step 2" in line for line in logs)
+    for a, b in zip(first.state_dict().values(), second.state_dict().values()):
+        assert torch.equal(a, b)
