@@ -12,16 +12,16 @@ tool_choice "required" or a named function is enforced by a grammar (grammar.py:
 must parse, name a given function and match its parameters' JSON schema), so speculation
 keeps the constrained distribution; "auto" leaves the model free and parses what it wrote.
 parallel_tool_calls=false allows one call: enforced by the grammar when constrained, and for
-"auto" only the first call is returned."""
+"auto" only the first call is returned. Streaming the calls as they are written is
+tool_stream.py's."""
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 
 from specdec.grammar import Grammar
+from specdec.tool_stream import CLOSE, OPEN, CallStream
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
 SYSTEM_PROMPT = (
     "You are an expert in composing functions. You are given a question and a set of possible functions. "
     "Based on the question, you will need to make one or more function/tool calls to achieve the purpose. "
@@ -101,27 +101,16 @@ def call_grammar(settings: ToolSettings) -> Grammar | None:
     return Grammar("lark", f'start: "{OPEN}" calls "{CLOSE}"\ncalls: %json {json.dumps(schema)}')
 
 
-def parse_calls(text: str, settings: ToolSettings) -> tuple[str | None, list[dict] | None]:
+def parse_calls(text: str, settings: ToolSettings, seed: str = "") -> tuple[str | None, list[dict] | None]:
     """(content, tool_calls in OpenAI's shape) of a reply; (text, None) when it calls nothing
-    parseable. Text before the call is the content (None when there is none)."""
-    start = text.find(OPEN)
-    if not settings.active or start < 0:
+    parseable. Text before the call is the content (None when there is none); each call's
+    arguments are the model's JSON text of them, its id derived from seed and its index.
+    The reader is tool_stream's, so a streamed reply sends exactly these calls."""
+    if not settings.active or OPEN not in text:
         return text, None
-    end = text.find(CLOSE, start)
-    body = text[start + len(OPEN):end if end >= 0 else len(text)]
-    try:
-        calls = json.loads(body)
-    except ValueError:
+    reader = CallStream(settings, seed)
+    reader.feed(text)
+    reader.finish()
+    if not reader.ok:
         return text, None
-    if isinstance(calls, dict):
-        calls = [calls]
-    names = {t.name for t in settings.tools}
-    if not (isinstance(calls, list) and calls and all(
-            isinstance(c, dict) and c.get("name") in names and isinstance(c.get("arguments", {}), dict)
-            for c in calls)):
-        return text, None
-    if not settings.parallel:
-        calls = calls[:1]
-    out = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": c["name"], "arguments": json.dumps(c.get("arguments", {}))}} for c in calls]
-    return text[:start].strip() or None, out
+    return reader.content(), reader.openai_calls()

@@ -376,13 +376,12 @@ def test_tools(tool_server):
     for c in calls:
         args = json.loads(c.function.arguments)
         assert set(args) == ({"zone"} if c.function.name == "get_time" else {"a", "b"})
-    streamed = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=120, temperature=0,
-                                                   tools=TOOLS, tool_choice="required", stream=True))
-    deltas = [c.choices[0].delta for c in streamed if c.choices and c.choices[0].delta.tool_calls]
-    assert [(t.function.name, t.function.arguments) for t in deltas[0].tool_calls] == \
+    with client.chat.completions.stream(model=MODEL, messages=messages, max_tokens=120, temperature=0,
+                                        tools=TOOLS, tool_choice="required") as stream:  # the client's helper
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == "tool_calls" and not final.message.content
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == \
         [(c.function.name, c.function.arguments) for c in calls]
-    assert [c.choices[0].finish_reason for c in streamed if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
-    assert not any(c.choices[0].delta.content for c in streamed if c.choices)
 
     named = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=120, temperature=0,
                                            tools=TOOLS, parallel_tool_calls=False,
@@ -403,6 +402,58 @@ def test_tools(tool_server):
     auto = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": N, "temperature": 0,
                                                    "tools": TOOLS}).json()["choices"][0]
     assert auto["finish_reason"] in ("stop", "length") and "tool_calls" not in auto["message"]  # a random model
+
+
+
+def sse_objects(http, body: dict) -> list[dict]:
+    """The JSON objects of a streamed response, as sent."""
+    with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        lines = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_tool_calls_stream_as_they_are_written(tool_server):
+    """Streamed with tools (sampled, seeded: the same reply as without stream): per call a first
+    delta {index, id, type, function: {name, arguments: ""}}, then fragments {index, function:
+    {arguments}} that join into the non-streamed arguments; calls at indices 0, 1, ...; no
+    content; the last choice chunk finish_reason tool_calls (the engine's when the calls were
+    cut short)."""
+    pytest.importorskip("llguidance")
+    server, _ = tool_server
+    http = httpx.Client(base_url=server.url, headers=AUTH, timeout=60)
+    messages = [{"role": "user", "content": "what time is it in utc?"}]
+    most = 0
+    for seed in range(4):
+        body = {"messages": messages, "max_tokens": 400, "temperature": 1.0, "seed": seed, "tools": TOOLS,
+                "tool_choice": "required"}
+        want = http.post("/v1/chat/completions", json=body).json()["choices"][0]
+        assert want["finish_reason"] == "tool_calls", want
+        want_calls = want["message"]["tool_calls"]
+        choices = [o["choices"][0] for o in sse_objects(http, {**body, "stream": True}) if o["choices"]]
+        assert [c["finish_reason"] for c in choices] == [None] * (len(choices) - 1) + ["tool_calls"]
+        assert all(not c["delta"].get("content") for c in choices)
+        calls = [c["delta"]["tool_calls"] for c in choices if "tool_calls" in c["delta"]]
+        assert all(len(d) == 1 for d in calls)
+        calls = [d[0] for d in calls]
+        firsts = [c for c in calls if "id" in c]
+        assert [(c["index"], c["type"], c["function"]) for c in firsts] == \
+            [(j, "function", {"name": w["function"]["name"], "arguments": ""}) for j, w in enumerate(want_calls)]
+        assert len({c["id"] for c in firsts}) == len(firsts) and all(c["id"].startswith("call_") for c in firsts)
+        for j, w in enumerate(want_calls):
+            fragments = [c for c in calls if c["index"] == j and "id" not in c]
+            assert all(c == {"index": j, "function": {"arguments": c["function"]["arguments"]}} for c in fragments)
+            assert len(fragments) > 1  # written as it grows, not in one piece
+            assert "".join(c["function"]["arguments"] for c in fragments) == w["function"]["arguments"]
+            assert calls.index(firsts[j]) < calls.index(fragments[0])
+        most = max(most, len(want_calls))
+    assert most >= 2  # some reply called tools in parallel
+    body = {**body, "max_tokens": 60, "seed": 1}  # cut short in a call: no call in the message,
+    assert http.post("/v1/chat/completions", json=body).json()["choices"][0]["finish_reason"] == "length"
+    choices = [o["choices"][0] for o in sse_objects(http, {**body, "stream": True}) if o["choices"]]
+    assert choices[-1]["finish_reason"] == "length"  # the stream cannot take back the deltas it sent
+    firsts = [c["delta"]["tool_calls"][0] for c in choices if "id" in c["delta"].get("tool_calls", [{}])[0]]
+    assert firsts and firsts[0]["index"] == 0 and all(not c["delta"].get("content") for c in choices)
 
 
 def test_a_seed_gives_plain_decodings_output_whatever_the_method(client, reference, draft_reference):

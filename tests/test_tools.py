@@ -1,12 +1,16 @@
 """Tool calling: the prompt (tool prompt in the system message, earlier calls and results as
 text), parsing replies into OpenAI tool_calls, and the grammar that enforces tool_choice
 "required" / a named function / parallel_tool_calls=false (tiny model, so every reply is the
-grammar's doing); the server's side is in test_server.py."""
+grammar's doing); the calls read as the text grows (tool_stream.CallStream) against the
+whole reply parsed, and the chunks a streamed choice makes of them; the server's side is in
+test_server.py."""
 import json
+from types import SimpleNamespace
 
 import pytest
 
 import specdec
+from specdec.tool_stream import CallStream
 from specdec.tools import CLOSE, OPEN, Tool, ToolSettings, call_grammar, parse_calls, render_messages
 
 from helpers import make_model_dir
@@ -26,8 +30,11 @@ def test_parse_calls():
     content, calls = parse_calls(text, settings)
     assert content == "Let me look."
     assert [c["function"]["name"] for c in calls] == ["get_time", "get_weather"]
-    assert json.loads(calls[1]["function"]["arguments"]) == {"city": "oslo", "unit": "c"}
+    assert calls[1]["function"]["arguments"] == '{"city": "oslo", "unit": "c"}'  # the model's own JSON text
     assert calls[0]["type"] == "function" and calls[0]["id"].startswith("call_") and calls[0]["id"] != calls[1]["id"]
+    assert [c["id"] for c in parse_calls(text, settings, "response-1")[1]] == \
+        [c["id"] for c in parse_calls(text, settings, "response-1")[1]] != \
+        [c["id"] for c in parse_calls(text, settings, "response-2")[1]]  # deterministic per response
     assert len(parse_calls(text, ToolSettings(TOOLS, parallel=False))[1]) == 1
     for bad in ("no call here", f"{OPEN}[{{\"name\": \"nope\", \"arguments\": {{}}}}]{CLOSE}", f"{OPEN}[{{oops"):
         assert parse_calls(bad, settings) == (bad, None)
@@ -84,3 +91,120 @@ def test_the_grammar_makes_the_call(decoders, choice, parallel):
 
 def test_auto_and_none_need_no_grammar():
     assert call_grammar(ToolSettings(TOOLS, "auto")) is None and call_grammar(ToolSettings(TOOLS, "none")) is None
+
+
+CALLED = [  # replies that call tools: content or not, several calls, key order, spacing, odd strings
+    f'{OPEN}[{{"name": "get_time", "arguments": {{"zone": "utc"}}}}]{CLOSE}',
+    f'Let me look.  \n{OPEN}[{{"name": "get_time", "arguments": {{"zone": "utc"}}}}, '
+    f'{{"name": "get_weather", "arguments": {{"city": "oslo", "unit": "c"}}}}]{CLOSE}',
+    f' <b>x</b> <tool {OPEN} [ {{ "arguments" :{{"city":"b\\"}}</tool_call>\u00e9", "unit": [1, {{}}]}} ,'
+    f'"name":"get_weather", "extra": 1.5e3}} , {{"name": "get_time"}} ]\n</tool_call>ignored',
+    f'{OPEN}{{"name": "get_time", "arguments": {{"zone": "cet"}}}}',  # one object, no list, no closing tag
+]
+NOT_CALLED = [  # replies parse_calls leaves as text, and whether a call's first delta went out before
+    ("no call here, <tool but no call <", False),  # it turned out wrong (fed character by character)
+    (f'{OPEN}[{{"name": "nope", "arguments": {{}}}}]{CLOSE}', False),
+    (f'{OPEN}[{{"arguments": {{"zone": "utc"}}}}]{CLOSE}', False),
+    (f'{OPEN}[]{CLOSE}', False),
+    (f'{OPEN}"get_time"{CLOSE}', False),
+    (f'{OPEN}[{{"name": "get_time", "arguments": "utc"}}]{CLOSE}', True),
+    (f'{OPEN}[{{"name": "get_time", "arguments": {{"zone": "utc"}}}}', True),  # cut short
+    (f'{OPEN}[{{"name": "get_time", "arguments": {{"zone": "utc"}}}}] trailing{CLOSE}', True),
+    (f'{OPEN}[{{"name": "get_time", "arguments": {{"zone": utc}}}}]{CLOSE}', True),
+]
+
+
+def read(text: str, cuts, settings: ToolSettings | None = None) -> tuple[list[tuple], CallStream]:
+    """CallStream's events for text fed in pieces ending at cuts."""
+    reader, events, last = CallStream(settings or ToolSettings(TOOLS), "s"), [], 0
+    for cut in [*cuts, len(text)]:
+        events += reader.feed(text[last:cut])
+        last = cut
+    return events + reader.finish(), reader
+
+
+def joined(events, kind: str, index: int | None = None) -> str:
+    return "".join(e[-1] for e in events if e[0] == kind and (index is None or e[1] == index))
+
+
+@pytest.mark.parametrize("text", CALLED)
+def test_calls_streamed_as_written_equal_the_parsed_calls(text):
+    """Fed in any pieces (every split in two, and character by character), the reader sends
+    the parsed content (nothing of the markup), each call's id and name once (indices 0, 1, ...),
+    and argument fragments that join into the parsed arguments."""
+    content, calls = parse_calls(text, ToolSettings(TOOLS), "s")
+    assert calls
+    for cuts in [[i] for i in range(len(text) + 1)] + [range(len(text))]:
+        events, reader = read(text, cuts)
+        assert reader.ok
+        assert joined(events, "content") == (content or "")
+        assert [e[1:] for e in events if e[0] == "call"] == [(j, c["id"], c["function"]["name"])
+                                                             for j, c in enumerate(calls)]
+        for j, c in enumerate(calls):
+            assert joined(events, "arguments", j) == c["function"]["arguments"]
+            first = events.index(("call", j, c["id"], c["function"]["name"]))
+            assert all(events.index(e) > first for e in events if e[0] == "arguments" and e[1] == j)
+    one, _ = read(text, range(len(text)), ToolSettings(TOOLS, parallel=False))
+    assert {e[1] for e in one if e[0] != "content"} == {0}
+
+
+def test_nothing_is_sent_that_a_later_character_could_change():
+    """Content stops short of what may still become <tool_call> or whitespace before it; a
+    name is sent only once its string closed, never a partial one."""
+    text = CALLED[1]
+    at = text.index(OPEN)
+    for end in range(len(text) + 1):
+        reader = CallStream(ToolSettings(TOOLS), "s")
+        events = reader.feed(text[:end])
+        assert joined(events, "content") == text[:min(end, at)].rstrip()
+        names = [e[3] for e in events if e[0] == "call"]
+        assert names == [n for n in ("get_time", "get_weather") if f'"{n}"' in text[at:end]]
+
+
+@pytest.mark.parametrize("text,late", NOT_CALLED)
+def test_replies_without_a_proper_call(text, late):
+    """parse_calls gives the text back; the stream says no call. Found wrong before a call's
+    first delta, its content is the whole text too; after, nothing more is sent."""
+    assert parse_calls(text, ToolSettings(TOOLS)) == (text, None)
+    for cuts in ([], range(len(text))):  # whole, and character by character
+        events, reader = read(text, cuts)
+        assert not reader.ok
+        if any(e[0] == "call" for e in events):
+            assert late and joined(events, "content") == ""
+        else:
+            assert joined(events, "content") == text and all(e[0] == "content" for e in events)
+    assert late == any(e[0] == "call" for e in events)
+
+
+def test_a_streamed_choice_sends_openai_tool_call_chunks():
+    """The chunks of a streamed chat choice: content before the call, then per call a first
+    delta {index, id, type, function: {name, arguments: ""}} and fragments {index, function:
+    {arguments}}, finish_reason tool_calls; they add up to the non-streamed message."""
+    pytest.importorskip("fastapi")
+    from specdec.server.responses import ChoiceStream, ResponseHeader, chat_message
+
+    head = ResponseHeader("chatcmpl-1", 0, "m", True, "none")
+    req = SimpleNamespace(tools=ToolSettings(TOOLS), logprobs=None, echo=False)
+    text = CALLED[1]
+    result = SimpleNamespace(text=text, finish_reason="stop", token_ids=[])
+    message, finish = chat_message(head, req, result, 0)
+    stream = ChoiceStream(head, req, 0)
+    pieces = [text[i:i + 3] for i in range(0, len(text), 3)]
+    chunks = stream.opening(None, None) + [c for p in pieces[:-1] for c in stream.step(p, None)]
+    chunks += stream.finish(pieces[-1], result)
+    choices = [c["choices"][0] for c in chunks]
+    assert choices[0]["delta"] == {"role": "assistant", "content": ""}
+    assert [c["finish_reason"] for c in choices] == [None] * (len(choices) - 1) + [finish] == \
+        [None] * (len(choices) - 1) + ["tool_calls"]
+    deltas = [c["delta"] for c in choices[1:-1]]
+    assert "".join(d.get("content", "") for d in deltas) == message["content"] == "Let me look."
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    firsts = [c for c in calls if "id" in c]
+    assert firsts == [{"index": j, "id": want["id"], "type": "function",
+                       "function": {"name": want["function"]["name"], "arguments": ""}}
+                      for j, want in enumerate(message["tool_calls"])]
+    for j, want in enumerate(message["tool_calls"]):
+        fragments = [c for c in calls if c["index"] == j and "id" not in c]
+        assert len(fragments) > 1 and all(set(c) == {"index", "function"} and set(c["function"]) == {"arguments"}
+                                          for c in fragments)
+        assert "".join(c["function"]["arguments"] for c in fragments) == want["function"]["arguments"]

@@ -20,6 +20,7 @@ from specdec.engine import GenerationResult, StreamChunk
 from specdec.logprobs import TextOffsets, TokenLogprob, TokenTexts
 from specdec.server.validation import GenerationRequest
 from specdec.stats import GenerationStats
+from specdec.tool_stream import CallStream
 from specdec.tools import parse_calls
 
 DONE = "data: [DONE]\n\n"
@@ -145,12 +146,18 @@ def choice_logprobs(head: ResponseHeader, req: GenerationRequest, result: Genera
     return _joined(writer.prompt(result.prompt_logprobs), generated) if req.echo else generated
 
 
-def chat_message(req: GenerationRequest, result: GenerationResult) -> tuple[dict, str]:
+def call_seed(head: ResponseHeader, index: int) -> str:
+    """What a choice's tool-call ids derive from: the same in its stream as in parse_calls."""
+    return f"{head.id}:{index}"
+
+
+def chat_message(head: ResponseHeader, req: GenerationRequest, result: GenerationResult,
+                 index: int) -> tuple[dict, str]:
     """The assistant message and finish reason of a chat choice: with tools, a reply that calls
     them becomes tool_calls (finish_reason "tool_calls")."""
     if req.tools is None:
         return {"role": "assistant", "content": result.text}, result.finish_reason
-    content, calls = parse_calls(result.text, req.tools)
+    content, calls = parse_calls(result.text, req.tools, call_seed(head, index))
     if calls is None:
         return {"role": "assistant", "content": result.text}, result.finish_reason
     return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
@@ -159,7 +166,7 @@ def chat_message(req: GenerationRequest, result: GenerationResult) -> tuple[dict
 def completion_object(head: ResponseHeader, req: GenerationRequest, results: Sequence[GenerationResult]) -> dict:
     """The whole (non-streamed) response."""
     if head.chat:
-        messages = [chat_message(req, r) for r in results]
+        messages = [chat_message(head, req, r, i) for i, r in enumerate(results)]
         choices = [{"index": i, "message": messages[i][0],
                     "logprobs": choice_logprobs(head, req, r, i), "finish_reason": messages[i][1]}
                    for i, r in enumerate(results)]
@@ -203,16 +210,31 @@ def usage_chunk(head: ResponseHeader, req: GenerationRequest, results: Sequence[
     return {**_chunk(head, []), "usage": usage(req, results), "speculative": speculative(head.method, results)}
 
 
+def tool_delta(event: tuple) -> dict:
+    """A chat delta from a CallStream event: content, a call's first delta (index, id, type,
+    name, empty arguments) or a fragment of its arguments (index and the fragment only)."""
+    if event[0] == "content":
+        return {"content": event[1]}
+    if event[0] == "call":
+        _, j, call_id, name = event
+        return {"tool_calls": [{"index": j, "id": call_id, "type": "function",
+                                "function": {"name": name, "arguments": ""}}]}
+    _, j, fragment = event
+    return {"tool_calls": [{"index": j, "function": {"arguments": fragment}}]}
+
+
 class ChoiceStream:
     """The chunks of one choice of a streamed response, in order: chat's role chunk or the
     echoed prompt first, then text (with the logprobs of the tokens each step added), then
-    the finish."""
+    the finish. With tools offered, chat's text goes through a CallStream: content as usual,
+    the markup of a call never, its name and arguments as tool_calls deltas as they are
+    written (tool_stream.py)."""
 
     def __init__(self, head: ResponseHeader, req: GenerationRequest, index: int):
         self.head, self.req, self.index = head, req, index
         self.started = False
-        # with tools offered, the reply's text is held back until it is known whether it calls them
-        self.hold = head.chat and req.tools is not None and req.tools.active
+        active = head.chat and req.tools is not None and req.tools.active
+        self.calls = CallStream(req.tools, call_seed(head, index)) if active else None
         self.logprobs = ChoiceLogprobs(head, req, index) if req.logprobs is not None else None
 
     def opening(self, chunk: StreamChunk | None, result: GenerationResult | None) -> list[dict]:
@@ -236,11 +258,17 @@ class ChoiceStream:
         logprobs = None
         if self.logprobs is not None and chunk is not None and chunk.token_logprobs:
             logprobs = self.logprobs.take(chunk.token_ids, chunk.token_logprobs)
-        if self.hold:
-            text = ""
+        if self.calls is not None:
+            return self._deltas(self.calls.feed(text), logprobs)
         if not text and logprobs is None:
             return []
         return [_chunk(self.head, [_text_choice(self.head, self.index, text, logprobs=logprobs)])]
+
+    def _deltas(self, events: list[tuple], logprobs: dict | None) -> list[dict]:
+        """A chunk per CallStream event, the step's logprobs on the first (or alone)."""
+        deltas = [tool_delta(e) for e in events] or ([{}] if logprobs is not None else [])
+        return [_chunk(self.head, [{"index": self.index, "delta": delta, "logprobs": logprobs if j == 0 else None,
+                                    "finish_reason": None}]) for j, delta in enumerate(deltas)]
 
     def finish(self, text: str, result: GenerationResult) -> list[dict]:
         """The last text and logprobs, and the finish reason (chat: in a chunk of its own)."""
@@ -250,16 +278,9 @@ class ChoiceStream:
         if not self.head.chat:
             return [_chunk(self.head, [_text_choice(self.head, self.index, text, result.finish_reason, logprobs)])]
         finish = result.finish_reason
-        if self.hold:  # the whole reply, as text or as tool calls
-            message, finish = chat_message(self.req, result)
-            if "tool_calls" in message:
-                calls = [{"index": j, **call} for j, call in enumerate(message["tool_calls"])]
-                delta = {"content": message["content"], "tool_calls": calls} if message["content"] else \
-                    {"tool_calls": calls}
-                out = [_chunk(self.head, [{"index": self.index, "delta": delta, "logprobs": logprobs,
-                                           "finish_reason": None}])]
-                return out + [finish_chunk(self.head, self.index, "", finish)]
-            text = result.text
+        if self.calls is not None:
+            out = self._deltas(self.calls.feed(text) + self.calls.finish(), logprobs)
+            return out + [finish_chunk(self.head, self.index, "", "tool_calls" if self.calls.ok else finish)]
         out = [_chunk(self.head, [_text_choice(self.head, self.index, text, logprobs=logprobs)])] \
             if text or logprobs is not None else []
         return out + [finish_chunk(self.head, self.index, text, finish)]
