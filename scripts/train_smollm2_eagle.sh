@@ -11,6 +11,6 @@ RUNS=${RUNS:-runs}
 specdec train eagle-data --target smollm2 --out "$RUNS/smollm2-eagle/data" --prompts 400 --max-tokens 160
 # 2. The head: one decoder layer over (feature, next embedding), its own lm_head over the 8,192
 #    most frequent training tokens (initialised from the target's rows), 2 unrolled steps.
-specdec train eagle-features --target smollm2 --features "$RUNS/smollm2-eagle/data" \
+specdec train eagle --target smollm2 --features "$RUNS/smollm2-eagle/data" \
     --out "$RUNS/smollm2-eagle/head" --draft-vocab 8192 --steps 1500 --batch-size 8 --seq-len 256 \
     --lr 1e-3 --unroll 2 --threads 2

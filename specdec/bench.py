@@ -99,13 +99,15 @@ def default_tasks(tokenizer: TextTokenizer) -> list[str]:
 def make_runner(m: str, setup: dict, stack: ExitStack, tokenizer: TextTokenizer):
     """The runner for bench method `m` ("draft:4" = draft with a fixed K of 4; "draft@seeded" =
     seeded drafter-invariant sampling instead of rejection sampling, the seeds being the bench's;
-    "draft@tli" = a draft with another tokenizer through the shared tokens at T=0 too)."""
+    "draft@tli" = a draft with another tokenizer through the shared tokens at T=0 too;
+    "eagle@fast" = the fastest kernels instead of exact mode, for bfloat16/float16)."""
     name, _, mode = m.partition("@")
     base, _, fixed = name.partition(":")
     if fixed and not fixed.isdigit():
         raise SpecdecError(f"bad method {m!r}: use NAME or NAME:K with an integer K")
-    if mode not in ("", "seeded", "tli") or (mode and base not in SPECDEC_METHODS):
-        raise SpecdecError(f"bad method {m!r}: only specdec methods take the suffix @seeded (draft: @tli)")
+    if mode not in ("", "seeded", "tli", "fast") or (mode and base not in SPECDEC_METHODS):
+        raise SpecdecError(f"bad method {m!r}: only specdec methods take the suffixes @seeded and @fast "
+                           "(draft: @tli)")
     if mode == "tli" and base != "draft":
         raise SpecdecError(f"bad method {m!r}: @tli is for method draft (a draft with another tokenizer)")
     target, draft, dtype = setup["target"], setup["draft"], setup["dtype"]
@@ -115,7 +117,8 @@ def make_runner(m: str, setup: dict, stack: ExitStack, tokenizer: TextTokenizer)
                                   draft_tokens=int(fixed) if fixed else setup["draft_tokens"],
                                   quantize=setup.get("quantize"),
                                   group_size=setup.get("group_size", DEFAULT_GROUP_SIZE),
-                                  cross_vocab="tli" if mode == "tli" else "auto"),
+                                  cross_vocab="tli" if mode == "tli" else "auto",
+                                  exact=False if mode == "fast" else None),
                              seed_mode="invariant" if mode == "seeded" else "rejection")
     if base in HF_METHODS and not fixed:
         draft_dir = draft or (DEFAULT_DRAFT if target is None else None)

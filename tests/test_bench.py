@@ -1,9 +1,12 @@
 import json
 from pathlib import Path
 
+import pytest
+
 import specdec
 from specdec.bench import SpecdecRunner
 from specdec.cli import main
+from specdec.errors import SpecdecError
 
 from helpers import make_model_dir
 
@@ -55,6 +58,21 @@ def test_bench_rejects_unknown_method(tmp_path, capsys):
     assert "unknown bench method" in capsys.readouterr().err
 
 
+def test_bench_fast_suffix_turns_exact_mode_off(tmp_path):
+    from contextlib import ExitStack
+
+    from specdec.bench import make_runner
+    from specdec.text import TextTokenizer
+
+    target = make_model_dir(tmp_path / "t", layers=1, max_pos=2048)
+    setup = dict(target=str(target), draft=None, dtype="bfloat16", heads={}, draft_tokens=None)
+    with ExitStack() as stack:
+        runners = {m: make_runner(m, setup, stack, TextTokenizer(target)) for m in ("ngram", "ngram@fast")}
+    assert runners["ngram"].decoder.exact and not runners["ngram@fast"].decoder.exact
+    with pytest.raises(SpecdecError, match="@fast"):
+        make_runner("hf@fast", setup, ExitStack(), TextTokenizer(target))
+
+
 def test_suite_keeps_raw_tasks_and_adds_instruction_tasks():
     from specdec.prompts import CHAT_TASKS, RAW_TASKS, build_suite, rename_target
 
@@ -103,6 +121,7 @@ def test_defaults_follow_the_target(tmp_path):
     assert default_methods(str(target), None, Path("llama-server")) == ["none", "ngram", "hf", "hf-lookup",
                                                                          "llama.cpp", "llama.cpp-ngram"]
     assert "hf-assisted" in default_methods(str(target), "some-draft", None)
+    assert "eagle" in default_methods("smollm2", None, None)  # its head ships with specdec
     assert default_tasks(TextTokenizer(target)) == ["code", "edit", "freetext"]
     config_path = target / "tokenizer_config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}

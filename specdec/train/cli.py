@@ -204,6 +204,8 @@ def cmd_medusa_tree(args) -> int:
 
 def cmd_eagle(args) -> int:
     require("rich.progress", "train", "training")  # the trainers' progress bars
+    if args.features:
+        return cmd_eagle_features(args)
     from dataclasses import replace
 
     from specdec.models.checkpoint import load_native
@@ -220,7 +222,7 @@ def cmd_eagle(args) -> int:
     else:
         head = EagleHead(replace(target.config, num_hidden_layers=1))
     cfg = _head_config(args)
-    cfg.unroll = args.unroll
+    cfg.unroll, cfg.feature_noise, cfg.cls_weight = args.unroll, args.feature_noise, args.cls_weight
     seconds = train_eagle(target, head, train_ids, cfg)
     acc = eagle_accuracy(target, head, held_ids, seq_len=min(256, len(held_ids) - 1))
     meta = {"target": Path(args.target).name, "target_vocab_size": target.config.vocab_size,
@@ -269,7 +271,6 @@ def cmd_eagle_data(args) -> int:
 
 def cmd_eagle_features(args) -> int:
     """An EAGLE head with a reduced draft vocabulary, trained on stored target features."""
-    require("rich.progress", "train", "training")
     from dataclasses import replace
 
     from specdec.bundled import resolve_model_name
@@ -324,24 +325,6 @@ def add_head_parsers(tsub) -> None:
     d.add_argument("--code-tokens", type=int, default=400_000, help="stdlib code tokens (training split)")
     d.add_argument("--heldout-tokens", type=int, default=40_000, help="held-out stdlib code tokens")
     d.set_defaults(func=cmd_eagle_data)
-    f = tsub.add_parser("eagle-features", help="train an EAGLE head with a reduced draft vocabulary on "
-                                               "stored features (from eagle-data)")
-    f.add_argument("--target", required=True)
-    f.add_argument("--features", required=True, help="the eagle-data folder")
-    f.add_argument("--out", required=True, help="run folder (checkpoints in OUT/run, the head in OUT/model)")
-    f.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head predicts over")
-    f.add_argument("--steps", type=int, default=1500)
-    f.add_argument("--batch-size", type=int, default=8)
-    f.add_argument("--seq-len", type=int, default=256)
-    f.add_argument("--lr", type=float, default=1e-3)
-    f.add_argument("--unroll", type=int, default=2)
-    f.add_argument("--feature-noise", type=float, default=0.1)
-    f.add_argument("--cls-weight", type=float, default=0.1)
-    f.add_argument("--checkpoint-every", type=int, default=100)
-    f.add_argument("--seed", type=int, default=0)
-    f.add_argument("--threads", type=int, default=0)
-    f.add_argument("--init", help="continue from an existing head folder")
-    f.set_defaults(func=cmd_eagle_features)
 
     for name, func, steps in (("medusa", cmd_medusa, 600), ("eagle", cmd_eagle, 800)):
         p = tsub.add_parser(name, help=f"train {name} head(s) on a frozen target")
@@ -360,6 +343,16 @@ def add_head_parsers(tsub) -> None:
         if name == "eagle":
             p.add_argument("--unroll", type=int, default=1,
                            help="also train on the head's own predicted features for this many steps")
+            p.add_argument("--features", help="train on stored target features (a `train eagle-data` folder) "
+                                              "with a reduced draft vocabulary; OUT is then a run folder "
+                                              "(checkpoints in OUT/run, the head in OUT/model)")
+            p.add_argument("--draft-vocab", type=int, default=8192,
+                           help="with --features: tokens the head predicts over (the most frequent)")
+            p.add_argument("--feature-noise", type=float, default=0.1)
+            p.add_argument("--cls-weight", type=float, default=0.1,
+                           help="weight of the distillation loss next to the feature regression")
+            p.add_argument("--checkpoint-every", type=int, default=100,
+                           help="with --features: steps between checkpoints")
         if name == "medusa":
             p.add_argument("--num-heads", type=int, default=4)
             p.add_argument("--tree-nodes", type=int, default=24)

@@ -167,11 +167,12 @@ def eagle_feature_accuracy(head: EagleHead, embed: torch.nn.Embedding, target_lm
                            data: FeatureSet, depth: int = 3, seq_len: int = 256, max_windows: int = 64) -> dict:
     """Held-out agreement of the head's top-1 draft with the target's argmax, teacher-forced on
     tokens, at draft depth 1..depth (depth s reads the head's own features from step s-1, as a
-    chain draft does); also the draft vocabulary's coverage of the target's argmax tokens."""
+    chain draft does), top-5 agreement at depth 1 (what a tree's first level offers), and the
+    draft vocabulary's coverage of the target's argmax tokens."""
     windows = Windows.cut(data, seq_len)
     index = torch.arange(min(max_windows, len(windows.begin)))
     hits, counts = torch.zeros(depth), torch.zeros(depth)
-    covered = total = 0
+    covered = total = top5 = 0
     for i in index.split(8):
         tokens, feats, _, valid = windows.batch(data, i)
         want = (feats @ target_lm_weight.float().T).argmax(-1)  # the target's greedy token after each row
@@ -181,10 +182,12 @@ def eagle_feature_accuracy(head: EagleHead, embed: torch.nn.Embedding, target_lm
         for s in range(1, depth + 1):
             n = inputs.shape[1] - 1
             pred = head(inputs[:, :n], embeds[:, s:s + n], torch.arange(s - 1, s - 1 + n))
-            draft = head.d2t[head.lm_head(pred).argmax(-1)]
+            top = head.d2t[head.lm_head(pred).topk(5, -1).indices]
             mask = valid[:, s:s + n]
-            hits[s - 1] += ((draft == want[:, s:s + n]) & mask).sum()
+            hits[s - 1] += ((top[..., 0] == want[:, s:s + n]) & mask).sum()
+            if s == 1:
+                top5 += ((top == want[:, s:s + n, None]).any(-1) & mask).sum().item()
             counts[s - 1] += mask.sum()
             inputs = pred
     return {"top1_by_depth": [round(v, 4) for v in (hits / counts).tolist()],
-            "argmax_coverage": round(covered / total, 4)}
+            "top5_depth1": round(top5 / counts[0].item(), 4), "argmax_coverage": round(covered / total, 4)}
