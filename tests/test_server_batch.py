@@ -165,3 +165,112 @@ def test_full_batch_leaves_jobs_queued(model_dir):
         assert worker.queue.qsize() == 0 and len(worker.batch) == 1 and worker._jobs[0].job is second
     finally:
         loop.close()
+
+
+def test_jobs_cancelled_while_queued_free_their_places(model_dir):
+    """A client that leaves while its job waits must not keep its place: the waiting gauge
+    counts live jobs only, and a new job finding the queue full of abandoned ones gets in
+    (they end, counted as cancelled) instead of a 429."""
+    import asyncio
+
+    from specdec.server.metrics import Metrics
+    from specdec.server.worker import EngineWorker, Job, QueueFull
+
+    decoder = specdec.load(model_dir, calibrate=False)
+    metrics = Metrics()
+    worker = EngineWorker(decoder, max_queue=2, metrics=metrics, max_batch=2)
+
+    def value(metric) -> float:
+        return metric.collect()[0].samples[0].value
+
+    loop = asyncio.new_event_loop()
+    try:
+        ids = decoder.tokenizer.encode("def add")
+        for _ in range(2):  # the batch is full
+            worker.submit(Job(ids, [{"max_new_tokens": 50}], False, loop))
+        worker._admit(block=False)
+        gone = [Job(ids, [{"max_new_tokens": 50}], True, loop) for _ in range(2)]
+        for job in gone:
+            worker.submit(job)
+        gone[0].cancel()
+        assert value(metrics.num_requests_waiting) == 1 and worker.queue.qsize() == 2
+        gone[1].cancel()
+        fresh = Job(ids, [{"max_new_tokens": 5}], False, loop)
+        worker.submit(fresh)  # both abandoned jobs leave the queue
+        assert list(worker.queue.queue) == [fresh]
+        assert value(metrics.requests_cancelled) == 2
+        worker.submit(Job(ids, [{}], False, loop))
+        with pytest.raises(QueueFull):  # live jobs still fill it
+            worker.submit(Job(ids, [{}], False, loop))
+        loop.run_until_complete(asyncio.sleep(0))  # deliver the posted events
+        assert all(job.events.get_nowait().kind == "end" for job in gone)
+    finally:
+        loop.close()
+
+
+def _hang_up_after_sending(port: int, body: dict) -> None:
+    """Write a whole request on a raw socket and close it before reading anything."""
+    import socket
+
+    payload = json.dumps(body).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(payload)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(head + payload)
+
+
+def test_random_disconnects_leave_no_slot_and_mix_nothing(server, reference):
+    """scripts/disconnect_load.py in small: 40 streamed requests from 8 clients on a 4-slot
+    batch (greedy and seeded, some n=2), half hanging up right after sending, before the
+    first token or mid-stream: afterwards no job, queued job or slot is left, a fresh request
+    is answered at once, and every completed response is what the library gives alone."""
+    import random
+
+    rng = random.Random(7)
+    cases = []
+    for i in range(40):
+        body = {"model": MODEL, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": rng.randint(4, 40),
+                "temperature": 0, "stream": True}
+        if i % 3 == 1:
+            body.update(temperature=0.9, seed=rng.randrange(1000))
+        if i % 7 == 3:
+            body["n"] = 2
+        cases.append((body, rng.choice(["sent", "headers", "mid"]) if i % 2 else None))
+
+    def one(case):
+        body, drop = case
+        if drop == "sent":
+            _hang_up_after_sending(server.port, body)
+            return None
+        texts = [""] * body.get("n", 1)
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as c:
+            with c.stream("POST", "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                if drop == "headers":
+                    return None
+                for n, line in enumerate(ln for ln in r.iter_lines() if ln.startswith("data: {")):
+                    if drop == "mid" and n == 2:
+                        return None
+                    choice = json.loads(line[6:])["choices"][0]
+                    texts[choice["index"]] += choice["text"]
+        return texts
+
+    def want(body) -> list[str]:
+        seed = body.get("seed")
+        return [reference.generate(body["prompt"], max_new_tokens=body["max_tokens"], temperature=body["temperature"],
+                                   seed=None if seed is None else seed + i).text for i in range(body.get("n", 1))]
+
+    before = server.wait_idle()
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(one, cases))
+    t0 = time.monotonic()
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=5) as c:
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": PROMPTS[1], "max_tokens": 8, "temperature": 0})
+    assert r.status_code == 200 and time.monotonic() - t0 < 2
+    after = server.wait_idle(5)
+    assert after["specdec:batch_slots_used"] == 0 and len(server.app.state.server.worker.batch) == 0
+    assert not server.app.state.server.worker._jobs and server.app.state.server.worker.queue.qsize() == 0
+    assert after["specdec:requests_cancelled_total"] - before["specdec:requests_cancelled_total"] >= 10
+    completed = [(case[0], texts) for case, texts in zip(cases, got) if texts is not None]
+    assert len(completed) >= 20
+    assert [texts for _, texts in completed] == [want(body) for body, _ in completed]

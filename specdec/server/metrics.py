@@ -10,6 +10,8 @@ Exposed names (prometheus-client adds `_total` to counters itself):
   specdec:num_requests_running                          requests the engine is working on
   specdec:num_requests_waiting                          requests queued for the engine
   specdec:batch_size                                    sequences per batched step (--max-batch > 1)
+  specdec:batch_slots_used                              sequences holding a slot of the batch now
+                                                        (--max-batch > 1; 0 when idle: no leaked slot)
   specdec:request_queue_time_seconds                    time from submission until the engine takes
                                                         the request (histogram; dropped ones excluded)
   specdec:request_accepted_length                       per finished choice of a speculative server:
@@ -63,6 +65,8 @@ class Metrics:
                                           "Requests waiting in the queue", registry=r)
         self.batch_size = Histogram("specdec:batch_size", "Sequences in each batched decode step",
                                     buckets=BATCH_BUCKETS, registry=r)
+        self.batch_slots_used = Gauge("specdec:batch_slots_used", "Sequences holding a slot of the batch",
+                                      registry=r)
         self.queue_time = Histogram("specdec:request_queue_time_seconds",
                                     "Time a request waited in the queue before the engine took it",
                                     buckets=LATENCY_BUCKETS, registry=r)

@@ -14,7 +14,11 @@ With max_batch > 1 (`--max-batch N`) the thread runs a BatchEngine instead (cont
 batching: one target pass serves every running choice). A job's choices take slots as they
 free; the next job leaves the queue only when a slot is free and the previous job's choices
 all have one, so the queue still fills and answers 429. A cancelled job's sequences leave the
-batch before the next step."""
+batch before the next step.
+
+A job whose client left while it was still queued is dropped from the queue when a new job
+finds it full (JobQueue.purge), and the waiting gauge counts only live jobs: abandoned jobs
+must not answer 429 to live clients while the batch is busy."""
 from __future__ import annotations
 
 import asyncio
@@ -90,6 +94,25 @@ class QueueFull(Exception):
     pass
 
 
+class JobQueue(queue.Queue):
+    """The bounded job queue, which can drop the jobs cancelled while they waited."""
+
+    def live(self) -> int:
+        """Queued jobs not cancelled (the waiting gauge)."""
+        with self.mutex:
+            return sum(1 for job in self.queue if job is not None and not job.cancelled)
+
+    def purge(self) -> list[Job]:
+        """Remove the cancelled jobs and return them (their places free at once)."""
+        with self.mutex:
+            dead = [job for job in self.queue if job is not None and job.cancelled]
+            if dead:
+                self.queue = deque(job for job in self.queue if job is None or not job.cancelled)
+                self.unfinished_tasks -= len(dead)
+                self.not_full.notify(len(dead))
+        return dead
+
+
 @dataclass
 class RunningJob:
     """A job in the batch: its choices waiting for a slot and its sequences in the batch."""
@@ -114,12 +137,13 @@ class EngineWorker:
                 raise SpecdecError("--max-batch > 1 cannot batch a draft model with another tokenizer than the "
                                    "target's (cross-vocabulary drafts are not batched yet)")
         self._jobs: list[RunningJob] = []  # batched mode: jobs in the batch, in arrival order
-        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.queue = JobQueue(maxsize=max_queue)  # Job | None (None wakes the worker to stop)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._current: Job | None = None
         self._lock = threading.Lock()
-        metrics.num_requests_waiting.set_function(self.queue.qsize)
+        metrics.num_requests_waiting.set_function(self.queue.live)
+        metrics.batch_slots_used.set_function(lambda: len(self.batch) if self.batch is not None else 0)
 
     # ---- lifecycle ----
     def start(self) -> None:
@@ -163,8 +187,20 @@ class EngineWorker:
         job.queued_at = time.perf_counter()
         try:
             self.queue.put_nowait(job)
+            return
+        except queue.Full:
+            pass
+        self._drop_queued(self.queue.purge())
+        try:
+            self.queue.put_nowait(job)
         except queue.Full:
             raise QueueFull from None
+
+    def _drop_queued(self, jobs: list[Job]) -> None:
+        """End jobs cancelled while queued (called from any thread: post is thread-safe)."""
+        for job in jobs:
+            self.metrics.requests_cancelled.inc()
+            job.post(Event("end"))
 
     # ---- the thread ----
     def _run(self) -> None:
