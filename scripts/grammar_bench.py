@@ -21,26 +21,29 @@ import specdec
 from specdec.chat_template import ChatTemplate
 from specdec.grammar import GrammarState
 
+# strings bounded as a client would bound them: a 135M model can loop inside an unbounded
+# string until the token limit, and then the JSON never closes
+STR = {"type": "string", "maxLength": 80}
 SCHEMAS = {
     "person": {"type": "object", "properties": {
-        "name": {"type": "string"}, "born": {"type": "integer"}, "occupation": {"type": "string"},
-        "known_for": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+        "name": STR, "born": {"type": "integer"}, "occupation": STR,
+        "known_for": {"type": "array", "items": STR, "maxItems": 3}},
         "required": ["name", "born", "occupation", "known_for"], "additionalProperties": False},
     "city": {"type": "object", "properties": {
-        "city": {"type": "string"}, "country": {"type": "string"}, "population": {"type": "integer"},
+        "city": STR, "country": STR, "population": {"type": "integer"},
         "is_capital": {"type": "boolean"}}, "required": ["city", "country", "population", "is_capital"],
         "additionalProperties": False},
     "function": {"type": "object", "properties": {
-        "name": {"type": "string"}, "arguments": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
-        "returns": {"type": "string"}, "summary": {"type": "string"}},
+        "name": STR, "arguments": {"type": "array", "items": STR, "maxItems": 4},
+        "returns": STR, "summary": STR},
         "required": ["name", "arguments", "returns", "summary"], "additionalProperties": False},
     "review": {"type": "object", "properties": {
-        "title": {"type": "string"}, "rating": {"type": "integer", "minimum": 1, "maximum": 5},
-        "sentiment": {"enum": ["positive", "neutral", "negative"]}, "summary": {"type": "string"}},
+        "title": STR, "rating": {"type": "integer", "minimum": 1, "maximum": 5},
+        "sentiment": {"enum": ["positive", "neutral", "negative"]}, "summary": STR},
         "required": ["title", "rating", "sentiment", "summary"], "additionalProperties": False},
     "task": {"type": "object", "properties": {
-        "task": {"type": "string"}, "priority": {"enum": ["low", "medium", "high"]},
-        "steps": {"type": "array", "items": {"type": "string"}, "maxItems": 4}, "done": {"type": "boolean"}},
+        "task": STR, "priority": {"enum": ["low", "medium", "high"]},
+        "steps": {"type": "array", "items": STR, "maxItems": 4}, "done": {"type": "boolean"}},
         "required": ["task", "priority", "steps", "done"], "additionalProperties": False},
 }
 SUBJECTS = {
@@ -86,7 +89,9 @@ def conforms(value, schema: dict) -> bool:
     if kind == "integer":
         return (isinstance(value, int) and not isinstance(value, bool)
                 and schema.get("minimum", value) <= value <= schema.get("maximum", value))
-    return {"string": str, "boolean": bool}.get(kind, object) is type(value) or kind is None
+    if kind == "string":
+        return isinstance(value, str) and len(value) <= schema.get("maxLength", len(value))
+    return {"boolean": bool}.get(kind, object) is type(value) or kind is None
 
 
 def valid(text: str, schema: dict) -> bool:
