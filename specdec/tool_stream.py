@@ -25,10 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from specdec.tools import ToolSettings
+from typing import Protocol
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 SPACE = " \t\n\r"  # JSON's whitespace
@@ -62,12 +59,22 @@ class Call:
         return "" if self.args_start is None else text[self.args_start + self.args_sent:self.args_end or scanned]
 
 
+class OfferedTools(Protocol):
+    """What the reader needs of tools.ToolSettings (named here: tools.py imports this module)."""
+
+    @property
+    def tools(self) -> tuple: ...
+
+    @property
+    def parallel(self) -> bool: ...
+
+
 class CallStream:
     """The content and tool-call deltas of one reply, fed its text delta by delta. feed and
     finish return events: ("content", text), ("call", index, id, name) and
     ("arguments", index, fragment); after finish, `ok` says whether the reply called tools."""
 
-    def __init__(self, settings: ToolSettings, seed: str):
+    def __init__(self, settings: OfferedTools, seed: str):
         self.names = {t.name for t in settings.tools}
         self.parallel = settings.parallel
         self.seed = seed
