@@ -170,6 +170,10 @@ class EagleProposer:
         top k, sampling draws k without replacement from the final distribution q (returned).
         rows: with penalties, each feature row's token counts (the tree path it follows).
         exponentials: seeded races' noise for the children's position (seeded.py)."""
+        if params.greedy and rows is None and self.head.lm_head is not None:
+            # the top k lie inside the draft vocabulary: rank its N logits, not the expanded row
+            top = torch.log_softmax(self.head.lm_head(features).float(), -1).topk(top_k, dim=-1)
+            return self.head.d2t[top.indices].tolist(), top.values.tolist(), None
         logits = self.draft_logits(features)
         if params.greedy:
             if rows is not None:

@@ -58,8 +58,8 @@ def code_windows(tok, files: list[Path], length: int, budget: int, min_len: int 
     total = sum(map(len, windows))
     if total <= budget:
         return windows
-    step = total / budget
-    return [w for i, w in enumerate(windows) if int(i / step) != int((i + 1) / step) or step <= 1]
+    step = total / budget  # > 1: keep every step-th window
+    return [w for i, w in enumerate(windows) if int(i / step) != int((i + 1) / step)]
 
 
 @torch.inference_mode()
