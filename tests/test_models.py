@@ -172,3 +172,51 @@ def test_exact_linear_rows_do_not_depend_on_the_pass_width():
         full = exact_linear(x, weight)
         for r in range(m):
             assert torch.equal(exact_linear(x[r:r + 1], weight)[0], full[r]), (m, r)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_exact_branching_tree_rows_equal_one_token_passes(dtype):
+    """Each node of a branching tree, scored in one exact pass, gets the bits of a 1-token pass
+    at the end of its own path (prefix + ancestors + itself): what makes greedy tree decoding
+    equal plain decoding. Rows at the same depth see as many keys but different ones."""
+    from specdec.bundled import DEFAULT_TARGET
+    from specdec.models.runner import NativeRunner
+    from specdec.verify import tree_attention_mask
+
+    runner = NativeRunner(load_native(DEFAULT_TARGET, dtype), 256)
+    g = torch.Generator().manual_seed(1)
+    prefix = torch.randint(10, 8000, (120,), generator=g).tolist()
+    parents = [-1, 0, 0, 1, 1, 2, 3, -1, 7, 5]  # root row 0 = the last accepted token's successor slot
+    tokens = torch.randint(10, 8000, (len(parents) + 1,), generator=g).tolist()
+    paths = []
+    for node in range(len(tokens)):
+        path, i = [node], node
+        while i > 0:
+            i = parents[i - 1] + 1
+            path.insert(0, i)
+        paths.append(path)
+    runner.reset()
+    runner.extend(prefix)
+    depths = torch.tensor([len(path) - 1 for path in paths])
+    tree = runner.extend(tokens, attn_mask=tree_attention_mask(parents), positions=len(prefix) + depths,
+                         exact=True).clone()
+    for node, path in enumerate(paths):
+        runner.rollback(len(prefix))
+        for j in path:
+            last = runner.extend([tokens[j]], exact=True)[-1]  # as the engine's plain steps in exact mode
+        assert torch.equal(last, tree[node]), node
+
+
+def test_attend_rows_equals_each_row_alone():
+    """attend_rows (q converted once, rows in a loop) against attend_alone per row, for chain rows
+    (key counts) and tree rows (key positions), grouped-query heads, in bf16 and float32."""
+    from specdec.models.exact import attend_alone, attend_rows
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        q = torch.randn(1, 6, 4, 16, generator=g).to(dtype)
+        k, v = (torch.randn(1, 2, 40, 16, generator=g) for _ in range(2))
+        row_keys = [37, torch.tensor([*range(36), 37, 38]), 39, torch.tensor([*range(36), 39])]
+        together = attend_rows(q, k, v, row_keys)
+        for i, keys in enumerate(row_keys):
+            assert torch.equal(together[:, :, i:i + 1], attend_alone(q[:, :, i:i + 1], k, v, keys, True)), (dtype, i)

@@ -11,7 +11,7 @@ from torch import nn
 
 from specdec.cache import KVCache
 from specdec.models.config import ModelConfig
-from specdec.models.exact import attend_alone, attend_row, exact_linear, exact_row_keys
+from specdec.models.exact import attend_row, attend_rows, exact_linear, exact_row_keys
 from specdec.models.quant import QuantizedLinear
 
 
@@ -163,8 +163,7 @@ class Attention(nn.Module):
         if row_keys is not None:
             # converted once for every row (attend_row would convert each row's slice: same values)
             k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (k, v))
-            y = torch.cat([attend_alone(q[:, :, i:i + 1], k, v, keys, self.nkv != self.nh)
-                           for i, keys in enumerate(row_keys)], dim=2)
+            y = attend_rows(q, k, v, row_keys)
         elif T == 1 and mask is None:  # a decode step: SDPA's kernel is slow for one query
             y = attend_row(q, k, v)
         else:
