@@ -43,7 +43,7 @@ def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: 
         return TransformersRunner(load_transformers_gguf(source.path, parse_dtype(dtype)), max_len)
     native = backend == "native" or (backend == "auto" and source.config().get("model_type") in SUPPORTED_MODEL_TYPES)
     if source.is_gguf or native:
-        runner = NativeRunner(load_native(source, dtype), max_len)
+        runner = NativeRunner(load_native(source, dtype), max_len, pack=quantize is None)
         if quantize is not None:
             quantize_model(runner.model, quantize, group_size)
         return runner
@@ -68,6 +68,7 @@ def head_proposer(method: str, folder: Path, target_runner, tree_nodes: int | No
     cfg = model.config
     loader = load_medusa if method == "medusa" else load_eagle
     head, meta = loader(folder, model.dtype)
+    head.pack_weights()
     hidden = meta.get("hidden_size") or meta["head_config"]["hidden_size"]
     vocab = meta.get("target_vocab_size", cfg.vocab_size)
     if hidden != cfg.hidden_size or vocab != cfg.vocab_size:

@@ -14,9 +14,12 @@ minimum padded."""
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import torch
 import torch.nn.functional as F
+
+from specdec.models.packed import PackedWeight
 
 # pass widths decoding uses: plain steps, chains of up to 8 drafts, trees of up to 64 nodes
 PROBE_ROWS = (2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 24, 33, 48, 65)
@@ -79,15 +82,18 @@ def exact_row_keys(T: int, past: int, attn_mask: torch.Tensor | None) -> list[in
     return [torch.cat([prefix, past + row.nonzero()[:, 0]]) for row in attn_mask.to(torch.bool)]
 
 
-def _planned_linear(x: torch.Tensor, weight: torch.Tensor, k_chunk: int, min_rows: int) -> torch.Tensor:
-    """x [M, K] @ weight.T under a plan (see row_invariant_plan)."""
+def _planned_linear(x: torch.Tensor, weight: torch.Tensor, k_chunk: int, min_rows: int,
+                    packed: PackedWeight | None = None) -> torch.Tensor:
+    """x [M, K] @ weight.T under a plan (see row_invariant_plan); packed: the same products, faster."""
     m = x.shape[0]
     if m < min_rows:
         x = torch.cat([x, x[:1].expand(min_rows - m, -1)])
     if k_chunk >= x.shape[1]:
-        y = F.linear(x, weight)
+        y = packed(x) if packed is not None else F.linear(x, weight)
     else:
-        parts = [F.linear(xc, wc).float() for xc, wc in zip(x.split(k_chunk, 1), weight.split(k_chunk, 1))]
+        chunks = packed.chunks(k_chunk) if packed is not None else None
+        products = chunks or [partial(F.linear, weight=wc) for wc in weight.split(k_chunk, 1)]
+        parts = [product(xc).float() for xc, product in zip(x.split(k_chunk, 1), products)]
         total = parts[0]
         for part in parts[1:]:
             total = total + part  # fixed order: the same sum for every row
@@ -126,15 +132,17 @@ def row_invariant_plan(weight: torch.Tensor) -> tuple[int, int]:
     return _plans[key]
 
 
-def exact_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear whose every row is computed alike whatever the number of rows."""
+def exact_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 packed: PackedWeight | None = None) -> torch.Tensor:
+    """F.linear whose every row is computed alike whatever the number of rows (packed: the
+    weight packed for oneDNN, same bits as F.linear, see packed.py)."""
     key = (weight.data_ptr(), weight.shape, weight.dtype, torch.get_num_threads())  # kernels choose by threads too
     plan = _weight_plans.get(key)
     if plan is None:
         plan = _weight_plans[key] = row_invariant_plan(weight)
     k_chunk, min_rows = plan
-    if k_chunk >= weight.shape[1] and min_rows == 1:
-        return F.linear(x, weight, bias)  # the kernels are row-invariant as they are
-    y = _planned_linear(x.reshape(-1, x.shape[-1]), weight, k_chunk, min_rows)
+    if k_chunk >= weight.shape[1] and min_rows == 1:  # the kernels are row-invariant as they are
+        return packed(x, bias) if packed is not None else F.linear(x, weight, bias)
+    y = _planned_linear(x.reshape(-1, x.shape[-1]), weight, k_chunk, min_rows, packed)
     y = y.reshape(*x.shape[:-1], weight.shape[0])
     return y + bias if bias is not None else y

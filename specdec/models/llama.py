@@ -12,6 +12,7 @@ from torch import nn
 from specdec.cache import KVCache
 from specdec.models.config import ModelConfig
 from specdec.models.exact import attend_row, attend_rows, exact_linear, exact_row_keys
+from specdec.models.packed import PackedWeight, pack_weight
 from specdec.models.quant import QuantizedLinear
 
 
@@ -109,16 +110,28 @@ class FusedLinear:
                 lin.bias = nn.Parameter(self.bias[start:start + size], requires_grad=lin.bias.requires_grad)
             start += size
 
+        self.packed: PackedWeight | None = None  # set by LlamaModel.pack_weights()
+
     def __call__(self, x: torch.Tensor, exact: bool = False) -> tuple[torch.Tensor, ...]:
-        y = exact_linear(x, self.weight, self.bias) if exact else F.linear(x, self.weight, self.bias)
-        return y.split(self.sizes, dim=-1)
+        return linear_product(x, self.weight, self.bias, self.packed, exact).split(self.sizes, dim=-1)
+
+
+def linear_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   packed: PackedWeight | None, exact: bool) -> torch.Tensor:
+    """x @ weight.T + bias: under a row-invariant plan if exact, on the packed weight if there is
+    one (not while training the weight: the packed kernel has no backward)."""
+    if packed is not None and torch.is_grad_enabled() and weight.requires_grad:
+        packed = None
+    if exact:
+        return exact_linear(x, weight, bias, packed)
+    return packed(x, bias) if packed is not None else F.linear(x, weight, bias)
 
 
 def project(linear: nn.Module, x: torch.Tensor, exact: bool) -> torch.Tensor:
     """A projection; exact: under a row-invariant plan (quantized kernels are row-invariant as they are)."""
     if isinstance(linear, QuantizedLinear):
         return linear(x, exact)
-    return exact_linear(x, linear.weight, linear.bias) if exact else linear(x)
+    return linear_product(x, linear.weight, linear.bias, getattr(linear, "packed", None), exact)
 
 
 class Attention(nn.Module):
@@ -246,6 +259,23 @@ class LlamaModel(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
+        return self
+
+    def pack_weights(self) -> LlamaModel:
+        """Pack the projections' bfloat16 weights for oneDNN once (see packed.py), for
+        inference: a decode pass then reads them instead of repacking each weight per call.
+        Call after fuse_projections(); other dtypes are left as they are. Costs the packed
+        copies' memory beside the weights (which state_dict(), saving and training keep)."""
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            for fused in (attn.qkv, mlp.gate_up):
+                if fused is not None:
+                    fused.packed = pack_weight(fused.weight, fused.bias)
+            unfused = [attn.q_proj, attn.k_proj, attn.v_proj] if attn.qkv is None else []
+            unfused += [mlp.gate_proj, mlp.up_proj] if mlp.gate_up is None else []
+            for linear in unfused + [attn.o_proj, mlp.down_proj]:
+                linear.packed = pack_weight(linear.weight, linear.bias)
+        self.lm_head.packed = pack_weight(self.lm_head.weight)
         return self
 
     @property

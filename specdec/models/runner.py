@@ -10,6 +10,7 @@ import torch
 
 from specdec.cache import KVCache
 from specdec.models.llama import LlamaModel
+from specdec.models.packed import packed_bytes
 
 
 class Runner(Protocol):
@@ -52,8 +53,12 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
 class NativeRunner:
     supports_tree = True
 
-    def __init__(self, model: LlamaModel, max_len: int | None = None, fuse: bool = True):
+    def __init__(self, model: LlamaModel, max_len: int | None = None, fuse: bool = True, pack: bool = True):
+        """fuse: Q/K/V and gate/up as one matmul each; pack: bfloat16 weights packed for oneDNN
+        once (models/packed.py). Both are for inference only and leave the outputs' bits as they are."""
         self.model = model.fuse_projections() if fuse else model
+        if pack:
+            self.model.pack_weights()
         self.vocab_size = model.config.vocab_size
         self.max_len = min(max_len or model.config.max_position_embeddings,
                            model.config.max_position_embeddings)
@@ -86,4 +91,5 @@ class NativeRunner:
         self.cache.keep(start, offsets)
 
     def memory_bytes(self) -> int:
-        return tensor_bytes([*self.model.parameters(), *self.model.buffers(), *self.cache.keys, *self.cache.values])
+        return (tensor_bytes([*self.model.parameters(), *self.model.buffers(), *self.cache.keys, *self.cache.values])
+                + packed_bytes(self.model))

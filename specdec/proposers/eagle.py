@@ -16,7 +16,8 @@ from torch import nn
 
 from specdec.cache import KVCache
 from specdec.models.config import ModelConfig
-from specdec.models.llama import DecoderLayer, RMSNorm, RopeTable, rope_inv_freq
+from specdec.models.llama import DecoderLayer, RMSNorm, RopeTable, project, rope_inv_freq
+from specdec.models.packed import pack_weight, packed_bytes
 from specdec.models.runner import tensor_bytes
 from specdec.penalties import PenaltyRows, TokenHistory, adjust_logits, tree_paths
 from specdec.proposers.base import Proposal
@@ -49,6 +50,19 @@ class EagleHead(nn.Module):
     def draft_vocab(self) -> int:
         return 0 if self.lm_head is None else self.lm_head.out_features
 
+    def pack_weights(self) -> EagleHead:
+        """For inference, as LlamaModel.pack_weights: the layer's projections fused, bfloat16
+        weights packed once for oneDNN (a head pass is a few small matmuls, each of which
+        otherwise repacks its weight)."""
+        self.layer.self_attn.fuse()
+        self.layer.mlp.fuse()
+        for fused in (self.layer.self_attn.qkv, self.layer.mlp.gate_up):
+            fused.packed = pack_weight(fused.weight, fused.bias)
+        for linear in (self.fc, self.layer.self_attn.o_proj, self.layer.mlp.down_proj, self.lm_head):
+            if linear is not None:
+                linear.packed = pack_weight(linear.weight, linear.bias)
+        return self
+
     def new_cache(self, max_len: int) -> KVCache:
         c = self.config
         w = self.fc.weight
@@ -58,7 +72,7 @@ class EagleHead(nn.Module):
                 cache: KVCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """features, next_embeds: [B, T, d]; mask: full bool [T, cache.length + T] or None
         (causal). Returns predicted next features [B, T, d]."""
-        x = self.fc(torch.cat([features, next_embeds], dim=-1))
+        x = project(self.fc, torch.cat([features, next_embeds], dim=-1), exact=False)
         cos, sin = self.rope(positions, x.dtype, x.device)
         if mask is None and cache is not None and x.shape[1] > 1:
             past = cache.length
@@ -105,7 +119,7 @@ class EagleProposer:
 
     def memory_bytes(self) -> int:
         """The head and its cache (embedding and lm_head are the target's own)."""
-        return tensor_bytes([*self.head.parameters(), *self.cache.keys, *self.cache.values])
+        return tensor_bytes([*self.head.parameters(), *self.cache.keys, *self.cache.values]) + packed_bytes(self.head)
 
     def reset(self, prompt_ids: list[int]) -> None:
         self.cache.rollback(0)
@@ -159,8 +173,8 @@ class EagleProposer:
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
         """Float logits over the target's vocabulary (-inf outside a reduced draft vocabulary)."""
         if self.head.lm_head is None:
-            return self.lm_head(features).float()
-        return expand_logits(self.head.lm_head(features).float(), self.head.d2t, self.vocab_size)
+            return project(self.lm_head, features, exact=False).float()
+        return expand_logits(project(self.head.lm_head, features, exact=False).float(), self.head.d2t, self.vocab_size)
 
     def _children(self, features: torch.Tensor, top_k: int, params: SamplingParams,
                   generator: torch.Generator | None, rows: PenaltyRows | None = None,
@@ -172,7 +186,7 @@ class EagleProposer:
         exponentials: seeded races' noise for the children's position (seeded.py)."""
         if params.greedy and rows is None and self.head.lm_head is not None:
             # the top k lie inside the draft vocabulary: rank its N logits, not the expanded row
-            top = torch.log_softmax(self.head.lm_head(features).float(), -1).topk(top_k, dim=-1)
+            top = torch.log_softmax(project(self.head.lm_head, features, exact=False).float(), -1).topk(top_k, dim=-1)
             return self.head.d2t[top.indices].tolist(), top.values.tolist(), None
         logits = self.draft_logits(features)
         if params.greedy:

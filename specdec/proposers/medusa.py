@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 from specdec.errors import SpecdecError
+from specdec.models.llama import project
+from specdec.models.packed import pack_weight, packed_bytes
 from specdec.models.runner import tensor_bytes
 from specdec.penalties import TokenHistory, adjust_logits
 from specdec.proposers.base import Proposal
@@ -28,13 +30,19 @@ class ResBlock(nn.Module):
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.nn.functional.silu(self.linear(x))
+        return x + torch.nn.functional.silu(project(self.linear, x, exact=False))
 
 
 class MedusaHeads(nn.Module):
     def __init__(self, num_heads: int, hidden_size: int):
         super().__init__()
         self.heads = nn.ModuleList(ResBlock(hidden_size) for _ in range(num_heads))
+
+    def pack_weights(self) -> MedusaHeads:
+        """bfloat16 weights packed once for oneDNN, for inference (see LlamaModel.pack_weights)."""
+        for head in self.heads:
+            head.linear.packed = pack_weight(head.linear.weight, head.linear.bias)
+        return self
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [num_heads, ..., d] features for the shared lm_head."""
@@ -71,7 +79,7 @@ class MedusaProposer:
         self.last_hidden: torch.Tensor | None = None
 
     def memory_bytes(self) -> int:
-        return tensor_bytes(self.heads.parameters())  # lm_head is the target's own
+        return tensor_bytes(self.heads.parameters()) + packed_bytes(self.heads)  # lm_head is the target's own
 
     def reset(self, prompt_ids: list[int]) -> None:
         self.last_hidden = None
@@ -90,7 +98,7 @@ class MedusaProposer:
             return Proposal([])
         choices = self.choices[:k]
         depth = max(len(c) for c in choices)
-        logits = self.lm_head(self.heads(self.last_hidden)[:depth])  # [depth, V]
+        logits = project(self.lm_head, self.heads(self.last_hidden)[:depth], exact=False)  # [depth, V]
         ranks = self.max_rank[:depth]
         if history is not None:
             return self._propose_penalized(choices, logits, ranks, params, generator, history,

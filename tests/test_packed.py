@@ -1,0 +1,62 @@
+"""bfloat16 weights packed for oneDNN (models/packed.py): same bits as the unpacked model."""
+import pytest
+import torch
+
+from specdec.bundled import DEFAULT_TARGET
+from specdec.models import load_native
+from specdec.models.packed import pack_weight, packed_bytes, packing_available
+from specdec.models.runner import NativeRunner
+from specdec.verify import tree_attention_mask
+
+pytestmark = pytest.mark.skipif(not packing_available(), reason="no oneDNN in this PyTorch build")
+
+
+def _passes(runner: NativeRunner, exact: bool) -> list[torch.Tensor]:
+    """A prefill, decode steps, a chain and a tree pass: every kind of pass decoding makes."""
+    ids = torch.randint(10, 8000, (140,), generator=torch.Generator().manual_seed(0)).tolist()
+    runner.reset()
+    out = [runner.extend(ids[:100])]
+    out += [runner.extend([t], exact=exact) for t in ids[100:104]]
+    out.append(runner.extend(ids[104:113], exact=exact))
+    parents = [-1, 0, 0, 1, 2, -1]
+    depths = torch.tensor([0, 1, 2, 2, 3, 3, 1])
+    out.append(runner.extend(ids[113:120], attn_mask=tree_attention_mask(parents),
+                             positions=runner.length + depths, exact=exact))
+    return [o.clone() for o in out]
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_packed_model_gives_the_unpacked_bits(exact):
+    unpacked = NativeRunner(load_native(DEFAULT_TARGET, "bfloat16"), 256, pack=False)
+    packed = NativeRunner(load_native(DEFAULT_TARGET, "bfloat16"), 256)
+    assert packed_bytes(packed.model) > 0
+    assert packed.memory_bytes() == unpacked.memory_bytes() + packed_bytes(packed.model)
+    for a, b in zip(_passes(unpacked, exact), _passes(packed, exact)):
+        assert torch.equal(a, b)
+
+
+def test_packing_applies_to_bfloat16_only_and_follows_in_place_changes():
+    weight = torch.randn(64, 32, generator=torch.Generator().manual_seed(0))
+    assert pack_weight(weight) is None  # float32: F.linear's kernels need no packing
+    weight = weight.to(torch.bfloat16)
+    packed = pack_weight(weight)
+    x = torch.randn(3, 32).to(torch.bfloat16)
+    assert torch.equal(packed(x), torch.nn.functional.linear(x, weight))
+    with torch.no_grad():
+        weight.mul_(2)  # e.g. an optimizer step: the packed copy must not go stale
+    assert torch.equal(packed(x), torch.nn.functional.linear(x, weight))
+
+
+def test_exact_linear_on_packed_chunks_gives_the_planned_bits():
+    """SmolLM2's 1536-wide down projection runs a chunked plan in exact mode (exact.py); its
+    chunks are packed one by one and must give the plan's bits for every pass width."""
+    from specdec.models.exact import PROBE_ROWS, exact_linear, row_invariant_plan
+
+    g = torch.Generator().manual_seed(0)
+    weight = (torch.randn(576, 1536, generator=g) * 0.05).to(torch.bfloat16)
+    packed = pack_weight(weight)
+    for m in (1, *PROBE_ROWS):
+        x = torch.randn(m, 1536, generator=g).to(torch.bfloat16)
+        assert torch.equal(exact_linear(x, weight, packed=packed), exact_linear(x, weight)), m
+    k_chunk, _ = row_invariant_plan(weight)
+    assert k_chunk < 1536 and packed._chunks[k_chunk] is not None  # the chunked path ran, packed
