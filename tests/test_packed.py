@@ -1,4 +1,5 @@
-"""bfloat16 weights packed for oneDNN (models/packed.py): same bits as the unpacked model."""
+"""Weights packed for oneDNN (models/packed.py): in bfloat16 the unpacked model's bits; in
+float32 exact mode stays exact on the packed kernel."""
 import pytest
 import torch
 
@@ -35,9 +36,11 @@ def test_packed_model_gives_the_unpacked_bits(exact):
         assert torch.equal(a, b)
 
 
-def test_packing_applies_to_bfloat16_only_and_follows_in_place_changes():
+def test_packing_follows_in_place_changes_and_skips_other_dtypes():
     weight = torch.randn(64, 32, generator=torch.Generator().manual_seed(0))
-    assert pack_weight(weight) is None  # float32: F.linear's kernels need no packing
+    assert pack_weight(weight.double()) is None
+    x = torch.randn(5, 32)
+    assert torch.allclose(pack_weight(weight)(x), torch.nn.functional.linear(x, weight), atol=1e-5)
     weight = weight.to(torch.bfloat16)
     packed = pack_weight(weight)
     x = torch.randn(3, 32).to(torch.bfloat16)
@@ -60,3 +63,18 @@ def test_exact_linear_on_packed_chunks_gives_the_planned_bits():
         assert torch.equal(exact_linear(x, weight, packed=packed), exact_linear(x, weight)), m
     k_chunk, _ = row_invariant_plan(weight)
     assert k_chunk < 1536 and packed._chunks[k_chunk] is not None  # the chunked path ran, packed
+
+
+def test_float32_exact_mode_is_exact_on_packed_weights():
+    """float32 packed products differ from F.linear's in the last bits, so exact mode's plans are
+    checked on the packed kernel: every row of a chain and a tree pass still equals its 1-token
+    pass bit for bit."""
+    runner = NativeRunner(load_native(DEFAULT_TARGET, "float32"), 256)
+    assert packed_bytes(runner.model) > 0
+    ids = torch.randint(10, 8000, (130,), generator=torch.Generator().manual_seed(2)).tolist()
+    runner.reset()
+    runner.extend(ids[:100])
+    chain = runner.extend(ids[100:109], exact=True).clone()
+    runner.rollback(100)
+    for i, t in enumerate(ids[100:109]):
+        assert torch.equal(runner.extend([t], exact=True)[-1], chain[i]), i

@@ -101,29 +101,30 @@ def _planned_linear(x: torch.Tensor, weight: torch.Tensor, k_chunk: int, min_row
     return y[:m]
 
 
-def _row_invariant(weight: torch.Tensor, k_chunk: int, min_rows: int) -> bool:
+def _row_invariant(weight: torch.Tensor, k_chunk: int, min_rows: int, packed: PackedWeight | None) -> bool:
     g = torch.Generator(device=weight.device).manual_seed(0)
     for m in PROBE_ROWS:
         x = torch.randn(m, weight.shape[1], generator=g, device=weight.device).to(weight.dtype)
-        full = _planned_linear(x, weight, k_chunk, min_rows)
+        full = _planned_linear(x, weight, k_chunk, min_rows, packed)
         for r in {0, m // 2, m - 1}:
-            if not torch.equal(_planned_linear(x[r:r + 1], weight, k_chunk, min_rows)[0], full[r]):
+            if not torch.equal(_planned_linear(x[r:r + 1], weight, k_chunk, min_rows, packed)[0], full[r]):
                 return False
     return True
 
 
 @torch.inference_mode()
-def row_invariant_plan(weight: torch.Tensor) -> tuple[int, int]:
+def row_invariant_plan(weight: torch.Tensor, packed: PackedWeight | None = None) -> tuple[int, int]:
     """(reduction chunk, minimum rows) under which this weight's products are row-invariant
     here: the cheapest candidate that passes a check over the pass widths decoding uses (the
     failures are systematic, from kernel blocking, so random inputs reveal them). Cached by
-    shape, dtype and thread count, which is what the kernels choose by."""
+    shape, dtype, thread count and kernel (F.linear or the packed weight's), which is what
+    the kernels choose by."""
     n, k = weight.shape
-    key = (n, k, weight.dtype, weight.device.type, torch.get_num_threads())
+    key = (n, k, weight.dtype, weight.device.type, torch.get_num_threads(), packed is not None)
     if key not in _plans:
         chunks = [k] + [c for c in (1024, 768, 512) if c < k]
         candidates = [(c, rows) for rows in (1, 4, 8, 16) for c in chunks]
-        plan = next((c for c in candidates if _row_invariant(weight, *c)), None)
+        plan = next((c for c in candidates if _row_invariant(weight, *c, packed)), None)
         if plan is None:
             warnings.warn(f"exact mode: no row-invariant plan found for a {n}x{k} {weight.dtype} matmul on "
                           "this machine; greedy output may differ from plain decoding", stacklevel=2)
@@ -135,11 +136,12 @@ def row_invariant_plan(weight: torch.Tensor) -> tuple[int, int]:
 def exact_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  packed: PackedWeight | None = None) -> torch.Tensor:
     """F.linear whose every row is computed alike whatever the number of rows (packed: the
-    weight packed for oneDNN, same bits as F.linear, see packed.py)."""
-    key = (weight.data_ptr(), weight.shape, weight.dtype, torch.get_num_threads())  # kernels choose by threads too
+    weight packed for oneDNN, see packed.py; its plan is checked on its own kernel)."""
+    # kernels choose by threads too
+    key = (weight.data_ptr(), weight.shape, weight.dtype, torch.get_num_threads(), packed is not None)
     plan = _weight_plans.get(key)
     if plan is None:
-        plan = _weight_plans[key] = row_invariant_plan(weight)
+        plan = _weight_plans[key] = row_invariant_plan(weight, packed)
     k_chunk, min_rows = plan
     if k_chunk >= weight.shape[1] and min_rows == 1:  # the kernels are row-invariant as they are
         return packed(x, bias) if packed is not None else F.linear(x, weight, bias)

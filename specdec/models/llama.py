@@ -262,10 +262,10 @@ class LlamaModel(nn.Module):
         return self
 
     def pack_weights(self) -> LlamaModel:
-        """Pack the projections' bfloat16 weights for oneDNN once (see packed.py), for
-        inference: a decode pass then reads them instead of repacking each weight per call.
-        Call after fuse_projections(); other dtypes are left as they are. Costs the packed
-        copies' memory beside the weights (which state_dict(), saving and training keep)."""
+        """Pack the projections' weights (bfloat16, float32) for oneDNN once (see packed.py),
+        for inference: a decode pass then reads them instead of repacking each weight per
+        call. Call after fuse_projections(). Costs the packed copies' memory beside the
+        weights (which state_dict(), saving and training keep)."""
         for layer in self.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             for fused in (attn.qkv, mlp.gate_up):

@@ -1,20 +1,25 @@
-"""bfloat16 projection weights packed once for oneDNN's matmul.
+"""Projection weights packed once for oneDNN's matmul (bfloat16 and float32).
 
 On this CPU F.linear with a bfloat16 weight repacks the whole weight into oneDNN's blocked
 layout on every call; for a decode pass that is most of the cost. Packing once at load time
 (torch.ops.mkldnn._reorder_linear_weight, the op PyTorch's own inductor uses for frozen CPU
-linears) made SmolLM2's bf16 1-token pass 21.1 -> 13.3 ms here (bench/README.md). The products
-are the same kernel's, so they are checked at packing time to equal F.linear's bit for bit
-over the pass widths decoding uses: exact mode's row-invariant plans (exact.py), and every
-test comparing with the unpacked model, hold unchanged. Where the op is missing, or the check
-fails, weights are left unpacked and F.linear is used."""
+linears) made SmolLM2's bf16 1-token pass 21.1 -> 13.3 ms here (bench/README.md).
+
+- bfloat16: the products are the same kernel's as F.linear's, and are checked at packing time
+  to be equal bit for bit over the pass widths decoding uses: outputs do not change at all.
+- float32: F.linear runs MKL's kernel, the packed weight oneDNN's, 1.7-2.7x faster here (the
+  lm_head of SmolLM2: 7.0 -> 2.6 ms per 1-row pass). They agree to rounding (checked), not bit
+  for bit; exact mode's row-invariant plans (exact.py) are checked on the packed kernel itself.
+
+Where the op is missing, or a check fails, weights are left unpacked and F.linear is used."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 CHECK_ROWS = (1, 2, 3, 5, 8, 16, 17, 33)
-_verdicts: dict[tuple, bool] = {}  # (shape, bias, threads) -> packed products equal F.linear's
+PACKED_DTYPES = (torch.bfloat16, torch.float32)
+_verdicts: dict[tuple, bool] = {}  # (shape, dtype, bias, threads) -> packed products agree with F.linear's
 
 
 def packing_available() -> bool:
@@ -22,8 +27,8 @@ def packing_available() -> bool:
 
 
 class PackedWeight:
-    """weight [N, K] (bfloat16, CPU) in oneDNN's layout; calling it is F.linear(x, weight, bias)
-    with the same bits. A weight changed in place since packing (training) is packed again."""
+    """weight [N, K] (CPU) in oneDNN's layout; calling it computes F.linear(x, weight, bias).
+    A weight changed in place since packing (training) is packed again."""
 
     def __init__(self, weight: torch.Tensor):
         self.weight = weight
@@ -50,12 +55,16 @@ class PackedWeight:
 
 
 @torch.inference_mode()
-def _equals_linear(packed: PackedWeight, bias: torch.Tensor | None) -> bool:
+def _agrees_with_linear(packed: PackedWeight, bias: torch.Tensor | None) -> bool:
+    """bfloat16: equal bit for bit; float32: equal to rounding (another kernel, see above)."""
     g = torch.Generator().manual_seed(0)
     weight = packed.weight
     for m in CHECK_ROWS:
         x = torch.randn(m, weight.shape[1], generator=g).to(weight.dtype)
-        if not torch.equal(packed(x, bias), F.linear(x, weight, bias)):
+        ours, reference = packed(x, bias), F.linear(x, weight, bias)
+        if weight.dtype == torch.bfloat16 and not torch.equal(ours, reference):
+            return False
+        if not torch.allclose(ours, reference, rtol=1e-4, atol=1e-4 * float(reference.abs().max())):
             return False
     return True
 
@@ -69,12 +78,12 @@ def packed_bytes(module: torch.nn.Module) -> int:
 
 
 def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight | None:
-    """The packed weight, or None where packing does not apply (not bfloat16 on CPU, no
-    oneDNN) or its products would differ from F.linear's here (checked once per shape)."""
-    if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not packing_available():
+    """The packed weight, or None where packing does not apply (not bfloat16 or float32 on
+    CPU, no oneDNN) or its products would not agree with F.linear's (checked once per shape)."""
+    if weight.dtype not in PACKED_DTYPES or weight.device.type != "cpu" or not packing_available():
         return None
     packed = PackedWeight(weight)
-    key = (tuple(weight.shape), bias is not None, torch.get_num_threads())
+    key = (tuple(weight.shape), weight.dtype, bias is not None, torch.get_num_threads())
     if key not in _verdicts:
-        _verdicts[key] = _equals_linear(packed, bias)
+        _verdicts[key] = _agrees_with_linear(packed, bias)
     return packed if _verdicts[key] else None

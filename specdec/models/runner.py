@@ -54,8 +54,9 @@ class NativeRunner:
     supports_tree = True
 
     def __init__(self, model: LlamaModel, max_len: int | None = None, fuse: bool = True, pack: bool = True):
-        """fuse: Q/K/V and gate/up as one matmul each; pack: bfloat16 weights packed for oneDNN
-        once (models/packed.py). Both are for inference only and leave the outputs' bits as they are."""
+        """fuse: Q/K/V and gate/up as one matmul each; pack: weights packed for oneDNN once
+        (models/packed.py: bfloat16 outputs keep their bits, float32 ones change by rounding).
+        Both are for inference only."""
         self.model = model.fuse_projections() if fuse else model
         if pack:
             self.model.pack_weights()

@@ -51,8 +51,8 @@ class EagleHead(nn.Module):
         return 0 if self.lm_head is None else self.lm_head.out_features
 
     def pack_weights(self) -> EagleHead:
-        """For inference, as LlamaModel.pack_weights: the layer's projections fused, bfloat16
-        weights packed once for oneDNN (a head pass is a few small matmuls, each of which
+        """For inference, as LlamaModel.pack_weights: the layer's projections fused, weights
+        packed once for oneDNN (a head pass is a few small matmuls, each of which
         otherwise repacks its weight)."""
         self.layer.self_attn.fuse()
         self.layer.mlp.fuse()

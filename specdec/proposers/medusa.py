@@ -39,7 +39,7 @@ class MedusaHeads(nn.Module):
         self.heads = nn.ModuleList(ResBlock(hidden_size) for _ in range(num_heads))
 
     def pack_weights(self) -> MedusaHeads:
-        """bfloat16 weights packed once for oneDNN, for inference (see LlamaModel.pack_weights)."""
+        """Weights packed once for oneDNN, for inference (see LlamaModel.pack_weights)."""
         for head in self.heads:
             head.linear.packed = pack_weight(head.linear.weight, head.linear.bias)
         return self
