@@ -45,6 +45,9 @@ def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHOD
                         "target tokens, sampling uses the shared tokens (token-level intersection); 'tli' = "
                         "the shared tokens always; 'string' = as auto (string-level is exact at T=0 only)")
     add_quantize_args(p)
+    p.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
+                   help="projection weights packed once for oneDNN's matmul: ~1.6x faster decoding on CPU "
+                        "for a second copy of those weights in memory (default on; --no-pack saves the memory)")
 
 
 def add_quantize_args(p: argparse.ArgumentParser) -> None:
@@ -145,7 +148,8 @@ def load_decoder(args: argparse.Namespace, **overrides) -> SpecDecoder:
     options = dict(target=args.target, draft=args.draft, method=args.method, dtype=args.dtype,
                    backend=args.backend, draft_tokens=args.draft_tokens, max_draft_tokens=args.max_draft_tokens,
                    tree_nodes=args.tree_nodes, typical_acceptance=args.typical_acceptance, exact=args.exact,
-                   quantize=args.quantize, group_size=args.group_size, cross_vocab=getattr(args, "cross_vocab", "auto"))
+                   quantize=args.quantize, group_size=args.group_size, cross_vocab=getattr(args, "cross_vocab", "auto"),
+                   pack=getattr(args, "pack", True))
     options.update(overrides)
     return load(**options)
 

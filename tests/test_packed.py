@@ -78,3 +78,20 @@ def test_float32_exact_mode_is_exact_on_packed_weights():
     runner.rollback(100)
     for i, t in enumerate(ids[100:109]):
         assert torch.equal(runner.extend([t], exact=True)[-1], chain[i]), i
+
+
+def test_load_packs_by_default_and_no_pack_keeps_the_memory():
+    import specdec
+    from specdec.cli_common import add_model_args
+
+    packed = specdec.load(method="eagle", dtype="bfloat16", calibrate=False)
+    plain = specdec.load(method="eagle", dtype="bfloat16", calibrate=False, pack=False)
+    assert packed_bytes(packed.engine.target.model) > 0 and packed_bytes(packed.engine.proposer.head) > 0
+    assert packed_bytes(plain.engine.target.model) == 0 and packed_bytes(plain.engine.proposer.head) == 0
+    assert plain.engine.memory_bytes() < packed.engine.memory_bytes()
+    prompt = "def parse(line):\n"
+    assert packed.generate(prompt, max_new_tokens=24).token_ids == plain.generate(prompt, max_new_tokens=24).token_ids
+    import argparse
+    parser = argparse.ArgumentParser()
+    add_model_args(parser)
+    assert parser.parse_args(["--no-pack"]).pack is False and parser.parse_args([]).pack is True
