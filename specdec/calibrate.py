@@ -32,10 +32,14 @@ def _timed(fn) -> float:
 
 @torch.inference_mode()
 def measure_pass_costs(target: Runner, proposer: Proposer | None, max_k: int, filler_token: int,
-                       repeats: int = 3) -> PassCosts:
+                       repeats: int = 3, exact: bool = False) -> PassCosts:
     """Best of `repeats` timings of a target pass over K+1 tokens for K = 0 and the powers of
     two up to max_k (the controller fits a line through them), after one warm-up pass each;
-    for a draft model, its cost per drafted token. Leaves both caches empty."""
+    for a draft model, its cost per drafted token. Every other pass width decoding may use is
+    run once untimed, also with the exact kernels if exact: a kernel library builds its kernel
+    for a new matrix shape on first use (measured here: ~0.3 ms per projection shape, 1.5 ms
+    per new width on the bundled target), which a one-shot call would otherwise pay inside
+    its generation. Leaves both caches empty."""
     costs = PassCosts()
     context = [filler_token] * WARM_PROMPT
     tree = proposer is not None and proposer.shape == "tree"
@@ -55,6 +59,14 @@ def measure_pass_costs(target: Runner, proposer: Proposer | None, max_k: int, fi
 
         one_pass()
         costs.target_seconds[k] = min(_timed(one_pass) for _ in range(repeats))
+    widths = set(proposer.tree_sizes) if tree else set(range(1, max_k + 1))  # trees use a few sizes
+    for k in sorted({0} | widths):
+        mask = tree_attention_mask(list(range(-1, k - 1))) if tree and k > 0 else None
+        for use_exact in {False, exact}:
+            if k in costs.target_seconds and not use_exact:
+                continue  # timed above
+            target.extend([filler_token] * (k + 1), attn_mask=mask, want_hidden=want_hidden, exact=use_exact)
+            target.rollback(start)
     target.reset()
     if proposer is not None and proposer.shape == "chain":
         greedy, generator, k = SamplingParams(), make_generator(0), min(4, max_k)

@@ -188,8 +188,10 @@ class TreeSizeController:
         if self.fixed_size is not None:
             return self.fixed_size if self.fixed_size <= limit else 0
         allowed = sorted(s for s in set(self.sizes) | {0} if s <= limit)
-        for size in allowed:
+        for size in allowed:  # explored smallest first (plain first of all)
             if self.samples.get(size, 0) < self.min_samples:
+                if size > 0 and self._smaller_tree_loses(size, allowed):
+                    break  # low acceptance: larger trees would only cost more to try
                 return size
         best = max(allowed, key=self.rate)
         if best != self.best:
@@ -207,6 +209,13 @@ class TreeSizeController:
                 self.probes += 1
                 return neighbours[self.probes % len(neighbours)]
         return best
+
+    def _smaller_tree_loses(self, size: int, allowed: list[int]) -> bool:
+        """Whether a smaller tree, fully sampled, ran slower than plain steps: then drafts are
+        rarely accepted here, and trying every larger size (each costs more per step) is what
+        made a one-shot call at T=1 slower than plain decoding."""
+        return any(0 < s < size and self.samples.get(s, 0) >= self.min_samples and self.rate(s) < self.rate(0)
+                   for s in allowed)
 
     def observe(self, step: StepRecord) -> None:
         chosen = step.budget

@@ -67,8 +67,10 @@ def test_tree_controller_prefers_faster_option():
 
 
 def test_tree_controller_stays_plain_when_trees_lose():
-    """High temperature: every tree costs more than it yields. After trying each size a few
-    steps, probes thin out, so nearly every step is plain."""
+    """High temperature: every tree costs more than it yields. Once the smallest tree has lost
+    to plain steps, the larger ones are not tried at all (each would cost more: at T=1 trying
+    them all made one-shot calls slower than plain decoding); probes thin out, so nearly every
+    step is plain."""
     c = TreeSizeController(sizes=[4, 8, 16, 32])
     tokens = {0: 1.0, 4: 1.2, 8: 1.3, 16: 1.4, 32: 1.5}
     seconds = {0: 1.0, 4: 2.2, 8: 2.5, 16: 3.0, 32: 3.5}
@@ -77,8 +79,8 @@ def test_tree_controller_stays_plain_when_trees_lose():
         k = c.choose(100)
         c.observe(record(k, k, tokens[k] - 1, seconds[k], 0.0, 0.0))
         picks.append(k)
-    assert picks[:10] == [0, 0, 4, 4, 8, 8, 16, 16, 32, 32]
-    assert sum(p == 0 for p in picks[10:]) / len(picks[10:]) > 0.98
+    assert picks[:4] == [0, 0, 4, 4] and not {8, 16, 32} & set(picks)
+    assert sum(p == 0 for p in picks[4:]) / len(picks[4:]) > 0.98
 
 
 def test_tree_controller_ignores_one_stall():
@@ -159,3 +161,4 @@ def test_engine_calibration_seeds_controllers_and_leaves_output_unchanged():
     prompt = "def parse(line):"
     want = plain.generate(prompt, max_new_tokens=24).token_ids
     assert calibrated.generate(prompt, max_new_tokens=24).token_ids == want
+

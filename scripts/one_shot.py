@@ -1,0 +1,64 @@
+"""One-shot CLI calls: every `specdec generate` in a fresh process (import, load, calibration
+and the generation itself), methods taking turns prompt by prompt, so a cold process's first
+generation is what is measured. Reports decoding tokens/s (new tokens over the generation's
+wall time less its prefill, from --json stats) per method and dtype and its ratio to `none`.
+
+    python scripts/one_shot.py --dtypes float32,bfloat16 --temperature 1 --prompts 3 --tokens 160
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from specdec.prompts import build_suite
+
+
+def one_call(prompt: str, method: str, dtype: str, temperature: float, tokens: int, target: str | None) -> dict:
+    cmd = [str(Path(sys.executable).with_name("specdec")), "generate", prompt, "--method", method, "--dtype", dtype,
+           "--temperature", str(temperature), "--max-new-tokens", str(tokens), "--json"]
+    if target:
+        cmd += ["--target", target]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)["stats"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--methods", default="none,draft,ngram,medusa,eagle")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=160)
+    ap.add_argument("--target", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    prompts = [p.text for p in build_suite(args.prompts, ["code"])]
+    methods = args.methods.split(",")
+    rows = []
+    for dtype in args.dtypes.split(","):
+        speeds: dict[str, list[float]] = {m: [] for m in methods}
+        for prompt in prompts:
+            for method in methods:
+                stats = one_call(prompt, method, dtype, args.temperature, args.tokens, args.target)
+                # decoding only: at T > 0 each method samples its own text, and a short answer
+                # would otherwise be dominated by its prompt's prefill
+                speeds[method].append(stats["new_tokens"] / (stats["wall_seconds"] - stats["prefill_seconds"]))
+        base = statistics.mean(speeds["none"]) if "none" in speeds else None
+        for method in methods:
+            mean = statistics.mean(speeds[method])
+            row = {"dtype": dtype, "method": method, "decode_tokens_per_second": round(mean, 1),
+                   "ratio_to_none": round(mean / base, 3) if base else None, "per_prompt": speeds[method]}
+            rows.append(row)
+            ratio = f"{row['ratio_to_none']:.2f}x" if base else "-"
+            print(f"{dtype:9s} T={args.temperature:g} {method:7s} {mean:7.1f} tok/s  {ratio}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
