@@ -1,9 +1,10 @@
 """ms per target pass over T tokens (cache prefilled with 200 tokens), for several runtime
-variants: projections unfused, fused (the default), and fused + weight-only int8 / int4. The
-1..32 columns are the cost curve speculation lives on; T=256 is a prefill chunk.
+variants: projections unfused, fused, fused + packed for oneDNN (the default), and fused +
+weight-only int8 / int4; a variant ending in "-exact" runs exact mode's kernels. The 1..32
+columns are the cost curve speculation lives on; T=256 is a prefill chunk.
 
     python scripts/pass_costs.py smollm2 bfloat16 [threads] [variants]
-    python scripts/pass_costs.py smollm2 bfloat16 2 unfused,fused,int8,int4
+    python scripts/pass_costs.py smollm2 bfloat16 2 fused,packed,fused-exact,packed-exact
 """
 import sys
 
@@ -18,7 +19,8 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 256)
 
 
 def make_runner(source, dtype: str, variant: str) -> NativeRunner:
-    runner = NativeRunner(load_native(source, dtype), 1024, fuse=variant != "unfused")
+    variant = variant.removesuffix("-exact")
+    runner = NativeRunner(load_native(source, dtype), 1024, fuse=variant != "unfused", pack=variant == "packed")
     if variant in ("int8", "int4"):
         quantize_model(runner.model, variant)
     return runner
@@ -27,14 +29,15 @@ def make_runner(source, dtype: str, variant: str) -> NativeRunner:
 def main() -> None:
     target, dtype = sys.argv[1], sys.argv[2]
     torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 2)
-    variants = sys.argv[4].split(",") if len(sys.argv) > 4 else ["unfused", "fused", "int8", "int4"]
+    variants = sys.argv[4].split(",") if len(sys.argv) > 4 else ["unfused", "fused", "packed", "int8", "int4"]
     source = open_model(target)
     for variant in variants:
         runner = make_runner(source, dtype, variant)
+        exact = variant.endswith("-exact")
         for width in WIDTHS:
-            median_pass_ms(runner, width, 2)  # warm-up
-        costs = " ".join(f"T={w}: {median_pass_ms(runner, w, 5 if w > 32 else 15):.2f}" for w in WIDTHS)
-        print(f"{variant:8s} ms per pass  {costs}", flush=True)
+            median_pass_ms(runner, width, 2, exact)  # warm-up
+        costs = " ".join(f"T={w}: {median_pass_ms(runner, w, 5 if w > 32 else 15, exact):.2f}" for w in WIDTHS)
+        print(f"{variant:13s} ms per pass  {costs}", flush=True)
 
 
 if __name__ == "__main__":

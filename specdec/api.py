@@ -212,7 +212,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     vocabularies' shared tokens (proposers/cross_vocab.py); cross_vocab: "auto" (greedy:
     the draft's text re-encoded into target tokens; sampling: token-level intersection),
     "tli" (intersection always) or "string" (same as auto: string-level is greedy only).
-    pack=True packs the projection weights once for oneDNN's matmul (models/packed.py): 1.6x
+    pack=True packs the projection weights once for oneDNN's matmul (models/packed.py): 1.2-1.3x
     faster decoding here, at the cost of a second copy of those weights in memory; False
     keeps the memory and the unpacked kernels."""
     if method not in METHODS:

@@ -46,7 +46,7 @@ def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHOD
                         "the shared tokens always; 'string' = as auto (string-level is exact at T=0 only)")
     add_quantize_args(p)
     p.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
-                   help="projection weights packed once for oneDNN's matmul: ~1.6x faster decoding on CPU "
+                   help="projection weights packed once for oneDNN's matmul: 1.2-1.3x faster decoding on CPU "
                         "for a second copy of those weights in memory (default on; --no-pack saves the memory)")
 
 

@@ -30,8 +30,9 @@ class CostCurve:
     bound_tokens_per_second: float | None = None  # plain decoding at the bandwidth limit
 
 
-def median_pass_ms(runner: NativeRunner, width: int, repeats: int) -> float:
-    """Median ms of a pass over `width` new tokens after CACHED_TOKENS cached ones."""
+def median_pass_ms(runner: NativeRunner, width: int, repeats: int, exact: bool = False) -> float:
+    """Median ms of a pass over `width` new tokens after CACHED_TOKENS cached ones (exact:
+    with exact mode's batch-invariant kernels)."""
     runner.reset()
     runner.extend(list(range(100, 100 + CACHED_TOKENS)))
     base = runner.length
@@ -39,7 +40,7 @@ def median_pass_ms(runner: NativeRunner, width: int, repeats: int) -> float:
     for _ in range(repeats):
         runner.rollback(base)
         t0 = time.perf_counter()
-        runner.extend(list(range(5, 5 + width)))
+        runner.extend(list(range(5, 5 + width)), exact=exact)
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2] * 1e3
 
