@@ -153,9 +153,10 @@ class DraftLengthController:
 @dataclass
 class TreeSizeController:
     """For tree drafters: pick among a few tree sizes (0 = plain step) by measured tokens per
-    second. Every size is tried a few steps (acceptance is noisy; on a CPU a larger tree can
-    win where a small one loses, since verifying more nodes costs little), then the best is
-    used and a neighbour of it re-measured now and then, less often while the best holds.
+    second. Every size is tried a few steps, smallest first (acceptance is noisy; on a CPU a
+    larger tree can win where a small one loses, since verifying more nodes costs little),
+    unless a smaller tree already lost to plain steps; then the best is used and a neighbour
+    of it re-measured now and then, less often while the best holds.
     Plain steps are re-measured regularly too: a first measurement taken while caches are cold
     must not keep them out for good."""
 

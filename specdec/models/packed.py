@@ -33,13 +33,16 @@ class PackedWeight:
 
     def __init__(self, weight: torch.Tensor):
         self.weight = weight
-        self.version = weight._version
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 1)
+        self._pack()
+
+    def _pack(self) -> None:
+        self.version = self.weight._version
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().contiguous(), 1)
         self._chunks: dict[int, list[PackedWeight] | None] = {}
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.weight._version != self.version:
-            self.__init__(self.weight)
+            self._pack()
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, bias, "none", [], "")
 
     def chunks(self, k_chunk: int) -> list[PackedWeight] | None:
