@@ -5,7 +5,9 @@ without them."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 
 from specdec.cli_common import add_model_args, add_threads_arg, apply_threads, check_at_least, load_decoder
 from specdec.errors import SpecdecError
@@ -66,11 +68,43 @@ def cmd_serve(args) -> int:
     api_key = args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
     decoder = load_decoder(args, max_len=args.max_len)
     settings = ServerSettings(model_name=args.model_name, api_key=api_key, max_queue=args.max_queue,
-                              max_tokens_limit=args.max_tokens_limit, max_batch=args.max_batch)
+                              max_tokens_limit=args.max_tokens_limit, max_batch=args.max_batch,
+                              engine_thread=False)
     app = create_app(decoder, settings)
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"specdec: warning: listening on {args.host} without an API key (--api-key)", file=sys.stderr)
     print(f"specdec: serving {app.state.served_name!r} (method={decoder.method}) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    return serve_in_main_thread(app, uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+
+
+def serve_in_main_thread(app, config) -> int:
+    """The HTTP server in a second thread, the engine loop in this (the main) thread, where
+    PyTorch's parallel ops run at full speed (EngineWorker.run_here). Ctrl-C or SIGTERM stop
+    the HTTP server, whose shutdown stops the engine loop; so does the server failing to start
+    (exit status 1)."""
+    import uvicorn
+
+    server = uvicorn.Server(config)
+    worker = app.state.server.worker
+
+    def serve_http() -> None:
+        try:
+            server.run()
+        finally:
+            worker.stop()
+
+    http = threading.Thread(target=serve_http, name="specdec-http", daemon=True)
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda *_: setattr(server, "should_exit", True)) for sig in signals}
+    http.start()
+    try:
+        worker.run_here()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.should_exit = True
+        http.join(timeout=15)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0 if server.started else 1

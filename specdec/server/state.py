@@ -22,6 +22,7 @@ class ServerSettings:
     max_tokens_limit: int | None = 4096  # largest max_tokens accepted (None: the context window)
     max_body_bytes: int = MAX_BODY_BYTES
     max_batch: int = 1  # > 1: continuous batching of up to this many sequences (BatchEngine)
+    engine_thread: bool = True  # False: the caller runs the engine loop (EngineWorker.run_here)
 
 
 @dataclass
@@ -38,7 +39,7 @@ class ServerState:
     def build(cls, decoder: SpecDecoder, settings: ServerSettings) -> ServerState:
         served_name = settings.model_name or decoder.target_path.name
         metrics = Metrics(max_positions=decoder.max_draft_tokens)
-        worker = EngineWorker(decoder, settings.max_queue, metrics, settings.max_batch)
+        worker = EngineWorker(decoder, settings.max_queue, metrics, settings.max_batch, settings.engine_thread)
         parser = RequestParser(decoder, served_name, settings.max_tokens_limit,
                                ChatTemplate.from_tokenizer_config(decoder.tokenizer.config))
         return cls(decoder, settings, served_name, metrics, worker, parser)
