@@ -1,7 +1,9 @@
-"""The one engine worker thread.
+"""The one engine worker: the only thread that touches the model.
 
-The model (and its KV cache) is not thread-safe and a CPU runs one generation at a time
-anyway, so exactly one thread owns the decoder. Requests become Jobs in a bounded queue
+The model (and its KV cache) is not thread-safe, so exactly one thread owns the decoder: its
+own thread (start(), as in-process test clients use it), or the caller's (run_here():
+`specdec serve` runs the engine in the main thread and the HTTP server beside it, because
+PyTorch's parallel CPU ops run 2-10x slower from a second thread here). Requests become Jobs in a bounded queue
 (full -> the handler answers 429). The worker runs each job's choices one after another and
 posts events back to the job's asyncio queue with loop.call_soon_threadsafe, so the async
 handlers never block the event loop.
