@@ -13,7 +13,6 @@ from specdec.errors import SpecdecError
 from specdec.grammar import grammar_from_response_format
 from specdec.models.checkpoint import load_native, open_model, parse_dtype
 from specdec.models.config import SUPPORTED_MODEL_TYPES
-from specdec.models.packed import packed_bytes
 from specdec.models.quant import DEFAULT_GROUP_SIZE, QUANT_MODES, quantize_model
 from specdec.models.runner import NativeRunner
 from specdec.proposers import DraftModelProposer, PromptLookupProposer
@@ -61,8 +60,9 @@ def eos_token_ids(folder: str | Path) -> tuple[int, ...]:
     return open_model(folder).eos_token_ids()
 
 
-def head_proposer(method: str, folder: Path, target_runner, tree_nodes: int | None):
-    """Medusa or EAGLE proposer on top of the target's own embedding and lm_head."""
+def head_proposer(method: str, folder: Path, target_runner, tree_nodes: int | None, pack: bool = True):
+    """Medusa or EAGLE proposer on top of the target's own embedding and lm_head; pack: the
+    head's weights packed for oneDNN, like its target's (models/packed.py)."""
     from specdec.proposers.eagle import EagleProposer, TreeShape, load_eagle
     from specdec.proposers.medusa import MedusaProposer, load_medusa
 
@@ -70,7 +70,7 @@ def head_proposer(method: str, folder: Path, target_runner, tree_nodes: int | No
     cfg = model.config
     loader = load_medusa if method == "medusa" else load_eagle
     head, meta = loader(folder, model.dtype)
-    if packed_bytes(model):  # packed like its target
+    if pack:
         head.pack_weights()
     hidden = meta.get("hidden_size") or meta["head_config"]["hidden_size"]
     vocab = meta.get("target_vocab_size", cfg.vocab_size)
@@ -252,7 +252,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
         if draft_path is None:
             raise SpecdecError(f"method {method!r} needs a {method} head folder (--draft DIR): none is "
                                "shipped for this target")
-        proposer = head_proposer(method, draft_path, target_runner, tree_nodes)
+        proposer = head_proposer(method, draft_path, target_runner, tree_nodes, pack)
     elif draft is not None:
         raise SpecdecError(f"a draft model was given but method is {method!r}; use method 'draft'")
     if typical_acceptance and method not in ("medusa", "eagle"):

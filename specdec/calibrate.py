@@ -48,25 +48,20 @@ def measure_pass_costs(target: Runner, proposer: Proposer | None, max_k: int, fi
     target.extend(context[:-1], want_hidden=want_hidden)
     start = target.length
     sizes = sorted({0, *(k for k in (1, 2, 4, 8, 16) if k <= max_k), max_k})
-    for k in sizes:
-        ids = [filler_token] * (k + 1)
-        # trees verify with a mask; chains without: warm up the path decoding will take
+    def one_pass(k: int, use_exact: bool = False) -> None:
+        """A pass over K+1 tokens; trees verify with a mask, chains without: the path decoding takes."""
         mask = tree_attention_mask(list(range(-1, k - 1))) if tree and k > 0 else None
+        target.extend([filler_token] * (k + 1), attn_mask=mask, want_hidden=want_hidden, exact=use_exact)
+        target.rollback(start)
 
-        def one_pass(ids: list[int] = ids, mask: torch.Tensor | None = mask) -> None:
-            target.extend(ids, attn_mask=mask, want_hidden=want_hidden)
-            target.rollback(start)
-
-        one_pass()
-        costs.target_seconds[k] = min(_timed(one_pass) for _ in range(repeats))
+    for k in sizes:
+        one_pass(k)
+        costs.target_seconds[k] = min(_timed(lambda k=k: one_pass(k)) for _ in range(repeats))
     widths = set(proposer.tree_sizes) if tree else set(range(1, max_k + 1))  # trees use a few sizes
     for k in sorted({0} | widths):
-        mask = tree_attention_mask(list(range(-1, k - 1))) if tree and k > 0 else None
-        for use_exact in {False, exact}:
-            if k in costs.target_seconds and not use_exact:
-                continue  # timed above
-            target.extend([filler_token] * (k + 1), attn_mask=mask, want_hidden=want_hidden, exact=use_exact)
-            target.rollback(start)
+        for use_exact in ([False, True] if exact else [False]):
+            if use_exact or k not in costs.target_seconds:  # the rest ran above
+                one_pass(k, use_exact)
     target.reset()
     if proposer is not None and proposer.shape == "chain":
         greedy, generator, k = SamplingParams(), make_generator(0), min(4, max_k)

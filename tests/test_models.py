@@ -208,9 +208,10 @@ def test_exact_branching_tree_rows_equal_one_token_passes(dtype):
 
 
 def test_attend_rows_equals_each_row_alone():
-    """attend_rows (q converted once, rows in a loop) against attend_alone per row, for chain rows
-    (key counts) and tree rows (key positions), grouped-query heads, in bf16 and float32."""
-    from specdec.models.exact import attend_alone, attend_rows
+    """attend_rows (q converted once, rows in a loop) against a 1-token attend_row call per row over
+    its own keys, for chain rows (key counts) and tree rows (key positions), grouped-query heads,
+    in bf16 and float32."""
+    from specdec.models.exact import attend_row, attend_rows
 
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.bfloat16, torch.float32):
@@ -219,4 +220,6 @@ def test_attend_rows_equals_each_row_alone():
         row_keys = [37, torch.tensor([*range(36), 37, 38]), 39, torch.tensor([*range(36), 39])]
         together = attend_rows(q, k, v, row_keys)
         for i, keys in enumerate(row_keys):
-            assert torch.equal(together[:, :, i:i + 1], attend_alone(q[:, :, i:i + 1], k, v, keys, True)), (dtype, i)
+            own = slice(keys) if isinstance(keys, int) else keys
+            alone = attend_row(q[:, :, i:i + 1], k[:, :, own], v[:, :, own])
+            assert torch.equal(together[:, :, i:i + 1], alone), (dtype, i)

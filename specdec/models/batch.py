@@ -5,7 +5,7 @@ Decoding is bound by reading the weights, so one pass over the rows of B sequenc
 less than B passes. Rows are padded to the widest slot; a mask keeps every row to its own
 slot's keys (one slot per batch row of the cache) and to its causal prefix, and padding rows
 are never written to the cache. In exact mode a slot's rows each attend alone over exactly
-their keys (exact.attend_alone) and every projection is row-invariant, so each row gets the
+their keys (exact.attend_rows) and every projection is row-invariant, so each row gets the
 bits a 1-token single-sequence pass gives it, whatever else is in the batch."""
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from specdec.cache import BatchKVCache
-from specdec.models.exact import attend_alone
+from specdec.models.exact import attend_rows
 from specdec.models.llama import Attention, LlamaModel, project
 from specdec.models.runner import tensor_bytes
 
-# (slots attending with the shared mask, [(slot, row, key count)] attending alone)
-ExactRows = tuple[list[int], list[tuple[int, int, int]]]
+# (slots attending with the shared mask, [(slot, its rows' key counts)] whose rows attend alone)
+ExactRows = tuple[list[int], list[tuple[int, list[int]]]]
 
 
 SMALL_PASS_ROWS = 16  # decode and verify passes: attend_masked; wider (prefill chunks): SDPA
@@ -54,8 +54,8 @@ def _attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
             y[idx] = F.scaled_dot_product_attention(q[idx], k[idx], v[idx], attn_mask=mask[idx], enable_gqa=gqa)
         if alone:  # converted once for every row (attend_row would convert each row's slice: same values)
             k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (k, v))
-        for b, t, keys in alone:
-            y[b:b + 1, :, t:t + 1] = attend_alone(q[b:b + 1, :, t:t + 1], k[b:b + 1], v[b:b + 1], keys, gqa)
+        for b, counts in alone:
+            y[b:b + 1, :, :len(counts)] = attend_rows(q[b:b + 1, :, :len(counts)], k[b:b + 1], v[b:b + 1], counts)
     return attn.output(y, exact)
 
 
@@ -79,7 +79,7 @@ def batch_forward(model: LlamaModel, ids: list[list[int]], cache: BatchKVCache,
     if any_exact:
         lengths = cache.lengths
         exact_rows = ([b for b in range(n) if not exact[b]],
-                      [(b, t, lengths[b] + t + 1) for b in range(n) if exact[b] for t in range(widths[b])])
+                      [(b, [lengths[b] + t + 1 for t in range(widths[b])]) for b in range(n) if exact[b]])
     x = model.model.embed_tokens(padded)
     for i, layer in enumerate(model.model.layers):
         x = x + _attention(layer.self_attn, layer.input_layernorm(x), cos, sin, mask, cache, i, exact_rows, any_exact)

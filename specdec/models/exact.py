@@ -7,7 +7,7 @@ row scored inside a wider pass (extra keys masked) rounds differently; and matri
 multiplications choose their blocking of the reduction dimension from the number of rows once
 it is large (bfloat16: reductions longer than 1024 change with the row count; float32: passes
 under 16 rows take other kernels than wider ones). So in exact mode each row attends alone
-(attend_alone), and every projection runs through a plan checked at first use for its weight
+(attend_rows), and every projection runs through a plan checked at first use for its weight
 shape (row_invariant_plan): the reduction split into chunks the kernels treat alike for every
 row count, partial products summed in float32 in a fixed order, and passes narrower than a
 minimum padded."""
@@ -27,19 +27,6 @@ _plans: dict[tuple, tuple[int, int]] = {}  # by shape, dtype, device and threads
 _weight_plans: dict[tuple, tuple[int, int]] = {}  # by weight and threads: one dict lookup per call
 
 
-def attend_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: int | torch.Tensor,
-                 gqa: bool) -> torch.Tensor:
-    """One query row over exactly the keys it may see, in cache order: the same call, on the
-    same values, as the 1-token pass of plain decoding at that position.
-    keys: n = the first n cache positions, or the positions' indices (tree rows)."""
-    if isinstance(keys, int):
-        k, v = k[:, :, :keys], v[:, :, :keys]
-    else:  # over [B*nkv, L, hd]: index_select's CPU kernel on the 4-d tensor took ~8x longer here
-        B, nkv, _, hd = k.shape
-        k, v = (t.flatten(0, 1).index_select(1, keys).view(B, nkv, -1, hd) for t in (k, v))
-    return attend_row(q, k, v)
-
-
 def attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """One query row per sequence, q [B, nh, 1, hd], over all of k, v [B, nkv, L, hd] (grouped
     query heads: head h reads kv head h // (nh / nkv)), in at least float32. Plain decoding and
@@ -56,26 +43,27 @@ def attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
 
 
 def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_keys: list[int | torch.Tensor]) -> torch.Tensor:
-    """Exact mode's attention for the new rows q [B, nh, T, hd], k, v in at least float32: each row
-    alone over exactly its keys (attend_alone's computation, with q converted once for all rows)."""
+    """Exact mode's attention for the new rows q [B, nh, T, hd] over k, v (in at least float32,
+    converted once by the caller): each row alone over exactly the keys it may see, in cache
+    order, through attend_row: the same call, on the same values, as plain decoding's 1-token
+    pass at that position. row_keys[i]: n = the first n cache positions, or the positions
+    (tree rows)."""
     B, nh, T, hd = q.shape
     nkv = k.shape[1]
-    dtype = k.dtype
-    q_rows = q.to(dtype).view(B, nkv, nh // nkv, T, hd).unbind(3)
+    q_rows = q.to(k.dtype)  # converted once for every row (same values as each row's own conversion)
     flat_k, flat_v = k.flatten(0, 1), v.flatten(0, 1)
     outs = []
-    for q_row, keys in zip(q_rows, row_keys):
+    for i, keys in enumerate(row_keys):
         if isinstance(keys, int):
             k_row, v_row = k[:, :, :keys], v[:, :, :keys]
-        else:
+        else:  # over [B*nkv, L, hd]: index_select's CPU kernel on the 4-d tensor took ~8x longer here
             k_row, v_row = (t.index_select(1, keys).view(B, nkv, -1, hd) for t in (flat_k, flat_v))
-        scores = q_row @ k_row.transpose(-1, -2)
-        outs.append((scores * hd ** -0.5).softmax(-1) @ v_row)
-    return torch.stack(outs, 3).view(B, nh, T, hd).to(q.dtype)
+        outs.append(attend_row(q_rows[:, :, i:i + 1], k_row, v_row))
+    return torch.cat(outs, 2).to(q.dtype)
 
 
 def exact_row_keys(T: int, past: int, attn_mask: torch.Tensor | None) -> list[int | torch.Tensor]:
-    """Per new row, the cache positions it attends to (see attend_alone)."""
+    """Per new row, the cache positions it attends to (see attend_rows)."""
     if attn_mask is None:
         return [past + i + 1 for i in range(T)]
     prefix = torch.arange(past, device=attn_mask.device)

@@ -294,7 +294,7 @@ class LlamaModel(nn.Module):
     def hidden_states(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
                       cache: KVCache | None = None,
                       attn_mask: torch.Tensor | None = None, exact: bool = False) -> torch.Tensor:
-        """exact: every row's attention is computed as a 1-token pass would (see attend_alone),
+        """exact: every row's attention is computed as a 1-token pass would (see exact.attend_rows),
         so that each row's output does not depend on how many rows the pass holds."""
         T = ids.shape[1]
         past = cache.length if cache is not None else 0
