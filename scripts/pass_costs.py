@@ -1,10 +1,12 @@
 """ms per target pass over T tokens (cache prefilled with 200 tokens), for several runtime
-variants: projections unfused, fused, fused + packed for oneDNN (the default), and fused +
-weight-only int8 / int4; a variant ending in "-exact" runs exact mode's kernels. The 1..32
+variants: projections unfused, fused, fused + packed for oneDNN (the default), fused +
+weight-only int8 / int4, and the layers compiled by inductor ("compiled", fast kernels only);
+a variant ending in "-exact" runs exact mode's kernels. The 1..32
 columns are the cost curve speculation lives on; T=256 is a prefill chunk.
 
     python scripts/pass_costs.py smollm2 bfloat16 [threads] [variants]
     python scripts/pass_costs.py smollm2 bfloat16 2 fused,packed,fused-exact,packed-exact
+    python scripts/pass_costs.py smollm2 bfloat16 2 packed,compiled
 """
 import sys
 
@@ -20,7 +22,8 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 256)
 
 def make_runner(source, dtype: str, variant: str) -> NativeRunner:
     variant = variant.removesuffix("-exact")
-    runner = NativeRunner(load_native(source, dtype), 1024, fuse=variant != "unfused", pack=variant == "packed")
+    runner = NativeRunner(load_native(source, dtype), 1024, fuse=variant != "unfused", pack=variant == "packed",
+                          compile=variant == "compiled")
     if variant in ("int8", "int4"):
         quantize_model(runner.model, variant)
     return runner

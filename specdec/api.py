@@ -26,10 +26,12 @@ MAX_DRAFT_TOKENS_LIMIT = 64
 
 
 def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: int | None = None,
-                quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE, pack: bool = True):
+                quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE, pack: bool = True,
+                compile: bool = False):
     """A runner for a model folder, a .gguf file (or a folder holding one) or a short name;
     quantize: "int8" or "int4" weight-only quantization (native runtime, models/quant.py);
-    pack: projection weights packed once for oneDNN (models/packed.py)."""
+    pack: projection weights packed once for oneDNN (models/packed.py); compile: the layers of
+    fast passes compiled by inductor (native runtime, models/compiled.py)."""
     if quantize is not None and quantize not in QUANT_MODES:
         raise SpecdecError(f"unknown quantization {quantize!r}; choose from {', '.join(QUANT_MODES)}")
     if backend not in ("auto", "native", "transformers"):
@@ -37,6 +39,10 @@ def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: 
     source = open_model(folder)
     if quantize is not None and backend == "transformers":
         raise SpecdecError("quantization needs the native runtime (--backend auto or native)")
+    if compile and quantize is not None:
+        raise SpecdecError("--compile runs bfloat16/float32 weights; it does not combine with --quantize")
+    if compile and backend == "transformers":
+        raise SpecdecError("--compile needs the native runtime (--backend auto or native)")
     if source.is_gguf and backend == "transformers":
         from specdec.models.gguf import load_transformers_gguf
         from specdec.models.hf_backend import TransformersRunner
@@ -44,16 +50,23 @@ def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: 
         return TransformersRunner(load_transformers_gguf(source.path, parse_dtype(dtype)), max_len)
     native = backend == "native" or (backend == "auto" and source.config().get("model_type") in SUPPORTED_MODEL_TYPES)
     if source.is_gguf or native:
-        runner = NativeRunner(load_native(source, dtype), max_len, pack=pack and quantize is None)
+        runner = NativeRunner(load_native(source, dtype), max_len, pack=pack and quantize is None, compile=compile)
         if quantize is not None:
             quantize_model(runner.model, quantize, group_size)
         return runner
-    if quantize is not None:
-        raise SpecdecError(f"quantization needs the native runtime; {str(folder)!r} is a "
+    if quantize is not None or compile:
+        what = "quantization" if quantize is not None else "--compile"
+        raise SpecdecError(f"{what} needs the native runtime; {str(folder)!r} is a "
                            f"{source.config().get('model_type')!r} model, run by transformers")
     from specdec.models.hf_backend import TransformersRunner, load_transformers
 
     return TransformersRunner(load_transformers(source.path, dtype), max_len)
+
+
+def default_exact(dtype: str, compile: bool) -> bool:
+    """Exact mode by default where rounding flips tokens often (bfloat16/float16), unless the
+    layers are compiled (compiled passes are the fast kind)."""
+    return not compile and parse_dtype(dtype) in (torch.bfloat16, torch.float16)
 
 
 def eos_token_ids(folder: str | Path) -> tuple[int, ...]:
@@ -194,7 +207,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
          max_draft_tokens: int = 8, max_len: int | None = None,
          tree_nodes: int | None = None, typical_acceptance: bool = False, calibrate: bool = True,
          exact: bool | None = None, quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE,
-         cross_vocab: str = "auto", pack: bool = True) -> SpecDecoder:
+         cross_vocab: str = "auto", pack: bool = True, compile: bool = False) -> SpecDecoder:
     """Load a target (None = the bundled model) and, for method='draft', a draft model
     (None = the bundled draft when the target is bundled); for 'medusa'/'eagle', `draft` is
     the head folder. draft_tokens fixes K (chain) or the tree size; by default they adapt per
@@ -214,17 +227,22 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     "tli" (intersection always) or "string" (same as auto: string-level is greedy only).
     pack=True packs the projection weights once for oneDNN's matmul (models/packed.py): 1.2-1.3x
     faster decoding here, at the cost of a second copy of those weights in memory; False
-    keeps the memory and the unpacked kernels."""
+    keeps the memory and the unpacked kernels. compile=True runs the target's (and draft
+    model's) layers through PyTorch's inductor (models/compiled.py): faster passes after a
+    compilation of about a minute at load, with the fastest kernels (exact=False; exact=True
+    is refused)."""
     if method not in METHODS:
         raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if cross_vocab not in CROSS_VOCAB_MODES:
         raise SpecdecError(f"unknown cross_vocab {cross_vocab!r}; choose one of {', '.join(CROSS_VOCAB_MODES)}")
     parse_dtype(dtype)
+    if compile and exact:
+        raise SpecdecError("--compile runs the fastest kernels, not exact mode's: drop --exact (or --compile)")
     _check_draft_tokens("draft_tokens", draft_tokens)
     _check_draft_tokens("max_draft_tokens", max_draft_tokens)
     _check_draft_tokens("tree_nodes", tree_nodes)
     target_path = Path(target) if target is not None else DEFAULT_TARGET
-    target_runner = load_runner(target_path, dtype, backend, max_len, quantize, group_size, pack)
+    target_runner = load_runner(target_path, dtype, backend, max_len, quantize, group_size, pack, compile)
     tokenizer = TextTokenizer(target_path)
     draft_path = None
     proposer = None
@@ -233,7 +251,8 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
             raise SpecdecError("method 'draft' needs a draft model (--draft DIR): no draft is "
                                "bundled for a custom target")
         draft_path = Path(draft) if draft is not None else DEFAULT_DRAFT
-        draft_runner = load_runner(draft_path, dtype, backend, target_runner.max_len, quantize, group_size, pack)
+        draft_runner = load_runner(draft_path, dtype, backend, target_runner.max_len, quantize, group_size, pack,
+                                   compile)
         draft_tokenizer = TextTokenizer(draft_path)
         if not same_tokenizer(draft_tokenizer.tok, tokenizer.tok):  # another vocabulary: proposers/cross_vocab.py
             proposer = cross_vocab_proposer(draft_runner, draft_tokenizer.tok, tokenizer.tok,
@@ -260,7 +279,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     engine = Engine(target_runner, tokenizer, proposer, method, eos_token_ids(target_path),
                     max_draft_tokens=draft_tokens or max_draft_tokens, fixed_draft_tokens=draft_tokens,
                     typical_acceptance=typical_acceptance,
-                    exact=exact if exact is not None else parse_dtype(dtype) in (torch.bfloat16, torch.float16))
+                    exact=exact if exact is not None else default_exact(dtype, compile))
     if calibrate:
         engine.calibrate()
     return SpecDecoder(engine, target_path, draft_path)

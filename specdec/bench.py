@@ -100,13 +100,14 @@ def make_runner(m: str, setup: dict, stack: ExitStack, tokenizer: TextTokenizer)
     """The runner for bench method `m` ("draft:4" = draft with a fixed K of 4; "draft@seeded" =
     seeded drafter-invariant sampling instead of rejection sampling, the seeds being the bench's;
     "draft@tli" = a draft with another tokenizer through the shared tokens at T=0 too;
-    "eagle@fast" = the fastest kernels instead of exact mode, for bfloat16/float16)."""
+    "eagle@fast" = the fastest kernels instead of exact mode, for bfloat16/float16; "none@compile"
+    = the layers compiled by inductor, fastest kernels)."""
     name, _, mode = m.partition("@")
     base, _, fixed = name.partition(":")
     if fixed and not fixed.isdigit():
         raise SpecdecError(f"bad method {m!r}: use NAME or NAME:K with an integer K")
-    if mode not in ("", "seeded", "tli", "fast") or (mode and base not in SPECDEC_METHODS):
-        raise SpecdecError(f"bad method {m!r}: only specdec methods take the suffixes @seeded and @fast "
+    if mode not in ("", "seeded", "tli", "fast", "compile") or (mode and base not in SPECDEC_METHODS):
+        raise SpecdecError(f"bad method {m!r}: only specdec methods take the suffixes @seeded, @fast and @compile "
                            "(draft: @tli)")
     if mode == "tli" and base != "draft":
         raise SpecdecError(f"bad method {m!r}: @tli is for method draft (a draft with another tokenizer)")
@@ -118,7 +119,8 @@ def make_runner(m: str, setup: dict, stack: ExitStack, tokenizer: TextTokenizer)
                                   quantize=setup.get("quantize"),
                                   group_size=setup.get("group_size", DEFAULT_GROUP_SIZE),
                                   cross_vocab="tli" if mode == "tli" else "auto",
-                                  exact=False if mode == "fast" else None),
+                                  exact=False if mode in ("fast", "compile") else None,
+                                  compile=mode == "compile"),
                              seed_mode="invariant" if mode == "seeded" else "rejection")
     if base in HF_METHODS and not fixed:
         draft_dir = draft or (DEFAULT_DRAFT if target is None else None)

@@ -48,6 +48,9 @@ def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHOD
     p.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
                    help="projection weights packed once for oneDNN's matmul: 1.2-1.3x faster decoding on CPU "
                         "for a second copy of those weights in memory (default on; --no-pack saves the memory)")
+    p.add_argument("--compile", action="store_true",
+                   help="run the model's layers through PyTorch's inductor: faster single-sequence passes on CPU "
+                        "after about a minute of compilation at load; implies --no-exact (the fastest kernels)")
 
 
 def add_quantize_args(p: argparse.ArgumentParser) -> None:
@@ -149,7 +152,7 @@ def load_decoder(args: argparse.Namespace, **overrides) -> SpecDecoder:
                    backend=args.backend, draft_tokens=args.draft_tokens, max_draft_tokens=args.max_draft_tokens,
                    tree_nodes=args.tree_nodes, typical_acceptance=args.typical_acceptance, exact=args.exact,
                    quantize=args.quantize, group_size=args.group_size, cross_vocab=getattr(args, "cross_vocab", "auto"),
-                   pack=getattr(args, "pack", True))
+                   pack=getattr(args, "pack", True), compile=getattr(args, "compile", False))
     options.update(overrides)
     return load(**options)
 

@@ -87,7 +87,8 @@ class Engine:
         """Time (and so warm up) the passes decoding will use; new controllers start from them."""
         filler = min(self.eos_ids) if self.eos_ids else 0
         tree = self.proposer is not None and self.proposer.shape == "tree"
-        max_k = max(self.proposer.tree_sizes) if tree else self.max_draft_tokens
+        # plain decoding only ever runs 1-token passes
+        max_k = 0 if self.proposer is None else max(self.proposer.tree_sizes) if tree else self.max_draft_tokens
         self.pass_costs = measure_pass_costs(self.target, self.proposer, max_k, filler, exact=self.exact)
         self._controllers.clear()
         return self.pass_costs

@@ -4,12 +4,14 @@ plain state-dict copy and saving gives a folder `transformers` reads unchanged."
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specdec.cache import KVCache
+from specdec.models.compiled import compiled_layers, use_compiled
 from specdec.models.config import ModelConfig
 from specdec.models.exact import attend_row, attend_rows, exact_linear, exact_row_keys
 from specdec.models.packed import PackedWeight, pack_weight
@@ -51,7 +53,8 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
 
 class RopeTable:
     """cos/sin rows looked up by position from a table grown on demand, so a decode step
-    indexes instead of computing. The table is float64-exact, rounded once to the model dtype."""
+    indexes instead of computing. The table is float64-exact, rounded once to the model dtype.
+    The sine table is stored with its first half negated (see apply_rope)."""
 
     def __init__(self, inv_freq: torch.Tensor):
         self.inv_freq = inv_freq  # float64, outside any module's buffers: .to(dtype) must not round it
@@ -60,20 +63,27 @@ class RopeTable:
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype,
                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin [B or 1, T, 1, head_dim] for positions [T] or [B, T]: they
+        broadcast over the heads of [B, T, heads, head_dim]."""
         need = int(positions.max()) + 1
         if self.cos is None or self.cos.shape[0] < need or self.cos.dtype != dtype or self.cos.device != device:
             size = max(256, 1 << (need - 1).bit_length())
             cos, sin = rope_cos_sin(torch.arange(size), self.inv_freq, dtype)
-            self.cos, self.sin = cos[0, 0].to(device), sin[0, 0].to(device)
+            sin = sin[0, 0]
+            half = sin.shape[-1] // 2
+            self.cos, self.sin = cos[0, 0].to(device), torch.cat([-sin[:, :half], sin[:, half:]], -1).to(device)
         cos, sin = self.cos[positions], self.sin[positions]
         if cos.dim() == 2:
             cos, sin = cos[None], sin[None]
-        return cos[:, None], sin[:, None]
+        return cos[:, :, None], sin[:, :, None]
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin for x [B, T, heads, head_dim], with rotate_half(x) =
+    cat(-x2, x1) taken as x.roll(half) times a sine whose first half is negated: negation is
+    exact, so the bits are those of the textbook form, in fewer ops (a decode step runs this
+    for every layer)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 class RMSNorm(nn.Module):
@@ -83,10 +93,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalised in float32, rounded, then scaled: Hugging Face's order (F.rms_norm gives
+        # the same bits as the written-out form here, in one call instead of five)
         dtype = x.dtype
         x = x.float() if dtype in (torch.float16, torch.bfloat16) else x
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return self.weight * F.rms_norm(x, x.shape[-1:], eps=self.eps).to(dtype)
 
 
 class FusedLinear:
@@ -113,7 +124,11 @@ class FusedLinear:
         self.packed: PackedWeight | None = None  # set by LlamaModel.pack_weights()
 
     def __call__(self, x: torch.Tensor, exact: bool = False) -> tuple[torch.Tensor, ...]:
-        return linear_product(x, self.weight, self.bias, self.packed, exact).split(self.sizes, dim=-1)
+        return self.product(x, exact).split(self.sizes, dim=-1)
+
+    def product(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """The outputs side by side, unsplit."""
+        return linear_product(x, self.weight, self.bias, self.packed, exact)
 
 
 def linear_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -153,14 +168,18 @@ class Attention(nn.Module):
         """q, k, v as [B, heads, T, head_dim], rope applied to q and k (also used by the
         batched pass, models/batch.py)."""
         B, T, _ = x.shape
-        if self.qkv is not None:
-            q, k, v = self.qkv(x, exact)
+        nh, nkv, hd = self.nh, self.nkv, self.hd
+        if self.qkv is not None:  # q and k rotated in one go, as heads of one tensor
+            qkv = self.qkv.product(x, exact)
+            qk = apply_rope(qkv[..., :(nh + nkv) * hd].view(B, T, nh + nkv, hd), cos, sin)
+            q, k = qk[:, :, :nh], qk[:, :, nh:]
+            v = qkv[..., (nh + nkv) * hd:].view(B, T, nkv, hd)
         else:
             q, k, v = (project(p, x, exact) for p in (self.q_proj, self.k_proj, self.v_proj))
-        q = q.view(B, T, self.nh, self.hd).transpose(1, 2)
-        k = k.view(B, T, self.nkv, self.hd).transpose(1, 2)
-        v = v.view(B, T, self.nkv, self.hd).transpose(1, 2)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+            q = apply_rope(q.view(B, T, nh, hd), cos, sin)
+            k = apply_rope(k.view(B, T, nkv, hd), cos, sin)
+            v = v.view(B, T, nkv, hd)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def output(self, y: torch.Tensor, exact: bool = False) -> torch.Tensor:
         """The heads' outputs [B, heads, T, head_dim] through o_proj."""
@@ -241,6 +260,7 @@ class LlamaModel(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope = RopeTable(rope_inv_freq(config))
+        self.compiled: Callable | None = None  # set by compile_layers()
         self.apply(self._init_weights)
         for layer in self.model.layers:  # GPT-2 style: residual projections scaled by depth
             for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
@@ -275,7 +295,16 @@ class LlamaModel(nn.Module):
             unfused += [mlp.gate_proj, mlp.up_proj] if mlp.gate_up is None else []
             for linear in unfused + [attn.o_proj, mlp.down_proj]:
                 linear.packed = pack_weight(linear.weight, linear.bias)
+        return self.pack_lm_head()
+
+    def pack_lm_head(self) -> LlamaModel:
         self.lm_head.packed = pack_weight(self.lm_head.weight)
+        return self
+
+    def compile_layers(self) -> LlamaModel:
+        """Run the layers of fast (not exact) inference passes through inductor (models/compiled.py).
+        Call after the final change to the weights: they are frozen into the compiled code."""
+        self.compiled = compiled_layers(self.model.layers)
         return self
 
     @property
@@ -309,8 +338,11 @@ class LlamaModel(nn.Module):
         elif row_keys is None and cache is not None and T > 1:
             mask = torch.ones(T, past + T, dtype=torch.bool, device=ids.device).tril(past)
         x = self.model.embed_tokens(ids)
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, mask, cache, i, row_keys, exact)
+        if self.compiled is not None and use_compiled(T, past, exact, cache, self.device):
+            x = self.compiled(x, cos, sin, mask, cache)
+        else:
+            for i, layer in enumerate(self.model.layers):
+                x = layer(x, cos, sin, mask, cache, i, row_keys, exact)
         if cache is not None:
             cache.advance(T)
         return self.model.norm(x)

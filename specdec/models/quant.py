@@ -67,6 +67,11 @@ class QuantizedLinear(nn.Module):
         return self.qweight.to(self.dtype) * self.scales[:, None]
 
     def forward(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        y = self.product(x, exact)
+        return y if self.sizes is None else y.split(self.sizes, dim=-1)
+
+    def product(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """The output unsplit (a fused projection's parts side by side, as FusedLinear.product)."""
         rows = x.reshape(-1, self.in_features).to(self.dtype)
         if self.mode == "int4":
             y = torch._weight_int4pack_mm_for_cpu(rows, self.qweight, self.group_size, self.scales)
@@ -77,8 +82,7 @@ class QuantizedLinear(nn.Module):
             y = F.linear(rows, self.dequantized())
         if self.bias is not None:
             y = y + self.bias
-        y = y.reshape(*x.shape[:-1], self.out_features)
-        return y if self.sizes is None else y.split(self.sizes, dim=-1)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
 
 def group_for(in_features: int, group_size: int) -> int:

@@ -53,12 +53,17 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
 class NativeRunner:
     supports_tree = True
 
-    def __init__(self, model: LlamaModel, max_len: int | None = None, fuse: bool = True, pack: bool = True):
+    def __init__(self, model: LlamaModel, max_len: int | None = None, fuse: bool = True, pack: bool = True,
+                 compile: bool = False):
         """fuse: Q/K/V and gate/up as one matmul each; pack: weights packed for oneDNN once
-        (models/packed.py: bfloat16 outputs keep their bits, float32 ones change by rounding).
-        Both are for inference only."""
+        (models/packed.py: bfloat16 outputs keep their bits, float32 ones change by rounding);
+        compile: fast passes run the layers through inductor (models/compiled.py), which packs
+        the layers' weights itself, so only the LM head is packed here. All are for inference only."""
         self.model = model.fuse_projections() if fuse else model
-        if pack:
+        if compile:
+            self.model.compile_layers()
+            self.model.pack_lm_head()
+        elif pack:
             self.model.pack_weights()
         self.vocab_size = model.config.vocab_size
         self.max_len = min(max_len or model.config.max_position_embeddings,

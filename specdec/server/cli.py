@@ -47,6 +47,9 @@ def check_args(args) -> None:
         raise SpecdecError(f"--port must be in [0, 65535], got {args.port}")
     check_at_least(args.max_queue, "--max-queue", 1)
     check_at_least(args.max_batch, "--max-batch", 1)
+    if args.compile and args.max_batch > 1:
+        raise SpecdecError("--compile speeds single-sequence passes; --max-batch > 1 runs batched passes, "
+                           "which are not compiled: use one or the other")
     if args.max_len is not None:
         check_at_least(args.max_len, "--max-len", 2)
     check_at_least(args.max_tokens_limit, "--max-tokens-limit", 1)

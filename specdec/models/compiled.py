@@ -1,0 +1,65 @@
+"""The decoder's layer loop compiled by PyTorch's inductor (opt-in: `--compile`).
+
+In eager mode a 1-token pass on SmolLM2 runs ~25 small ops per layer through the dispatcher,
+about as long as its matrix products take. Inductor fuses the element-wise work (norms, rope,
+residuals, SiLU) into a few C++ loops per layer; freezing folds the weights in as constants and
+packs them for oneDNN once, as models/packed.py does for the eager path.
+
+Compiled passes are the fast (not batch-invariant) kind: their rounding differs from the eager
+kernels', and a fused 1-token pass rounds differently from a fused 16-token one. So a compiled
+target runs with exact=False: sampled outputs keep the target's distribution, greedy outputs
+match plain decoding up to near-ties. Exact passes, passes that train and anything on other
+devices run eagerly. The eager path stays the reference that tests compare the compiled one to.
+
+Compiling SmolLM2 takes about a minute the first time; inductor caches its kernels on disk
+(FX graph cache), so later processes compile faster."""
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+
+import torch
+import torch._inductor.config as inductor_config
+from torch import nn
+
+from specdec.cache import KVCache
+
+# shapes vary with the cache length and the pass width: compile once for symbolic sizes
+# instead of once per size; guards on the modules are skipped (the weights are frozen constants,
+# and a model is compiled once, after its last change)
+COMPILE_OPTIONS = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+
+
+MAX_ROWS = 128  # decode steps, chains and trees; prefill chunks run eagerly (one graph less to compile)
+
+
+def use_compiled(rows: int, past: int, exact: bool, cache, device: torch.device) -> bool:
+    """Whether a pass runs through the compiled layers: fast inference passes on CPU over a
+    single sequence's cache after its first two tokens (sizes 0 and 1 would each compile a graph
+    of their own; the batched passes, models/batch.py, run eagerly)."""
+    return (not exact and type(cache) is KVCache and not torch.is_grad_enabled() and device.type == "cpu"
+            and rows <= MAX_ROWS and past >= 2)
+
+
+def compiled_layers(layers: nn.ModuleList) -> Callable:
+    """run(x, cos, sin, mask, cache) -> x after every layer, compiled lazily on first call."""
+
+    def run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
+        for i, layer in enumerate(layers):
+            x = layer(x, cos, sin, mask, cache, i)
+        return x
+
+    # dynamo keeps compiled code per code object, and the guards that would tell two models
+    # apart are skipped (COMPILE_OPTIONS): each model gets a code object of its own, so a second
+    # model never runs the first one's frozen weights
+    run = types.FunctionType(run.__code__.replace(), run.__globals__, run.__name__, None, run.__closure__)
+    compiled = torch.compile(run, dynamic=True, options=COMPILE_OPTIONS)
+
+    def call(*args) -> torch.Tensor:
+        call.passes += 1
+        # freezing is read from inductor's config when a graph compiles, not from options
+        with inductor_config.patch(freezing=True):
+            return compiled(*args)
+
+    call.passes = 0  # passes run compiled (tests, stats)
+    return call
