@@ -22,8 +22,8 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 256)
 
 def make_runner(source, dtype: str, variant: str) -> NativeRunner:
     variant = variant.removesuffix("-exact")
-    runner = NativeRunner(load_native(source, dtype), 1024, fuse=variant != "unfused", pack=variant == "packed",
-                          compile=variant == "compiled")
+    runner = NativeRunner(load_native(source, dtype), 1024, fuse=variant != "unfused",
+                          pack=variant in ("packed", "compiled"), compile=variant == "compiled")
     if variant in ("int8", "int4"):
         quantize_model(runner.model, variant)
     return runner

@@ -134,8 +134,9 @@ class FusedLinear:
 def linear_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    packed: PackedWeight | None, exact: bool) -> torch.Tensor:
     """x @ weight.T + bias: under a row-invariant plan if exact, on the packed weight if there is
-    one (not while training the weight: the packed kernel has no backward)."""
-    if packed is not None and torch.is_grad_enabled() and weight.requires_grad:
+    one (not while training the weight: the packed kernel has no backward; not inside a compiled
+    graph: inductor packs its frozen copy itself)."""
+    if packed is not None and (torch.is_grad_enabled() and weight.requires_grad or torch.compiler.is_compiling()):
         packed = None
     if exact:
         return exact_linear(x, weight, bias, packed)

@@ -57,14 +57,15 @@ class NativeRunner:
                  compile: bool = False):
         """fuse: Q/K/V and gate/up as one matmul each; pack: weights packed for oneDNN once
         (models/packed.py: bfloat16 outputs keep their bits, float32 ones change by rounding);
-        compile: fast passes run the layers through inductor (models/compiled.py), which packs
-        the layers' weights itself, so only the LM head is packed here. All are for inference only."""
+        compile: fast passes run the layers through inductor (models/compiled.py), which freezes
+        and packs a copy of the layers' weights itself; the eager passes it leaves (prefill
+        chunks, exact passes) use the packed weights if pack, and the LM head is packed either
+        way. All are for inference only."""
         self.model = model.fuse_projections() if fuse else model
-        if compile:
-            self.model.compile_layers()
-            self.model.pack_lm_head()
-        elif pack:
+        if pack:
             self.model.pack_weights()
+        if compile:
+            self.model.compile_layers().pack_lm_head()
         self.vocab_size = model.config.vocab_size
         self.max_len = min(max_len or model.config.max_position_embeddings,
                            model.config.max_position_embeddings)
