@@ -228,9 +228,9 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     pack=True packs the projection weights once for oneDNN's matmul (models/packed.py): 1.2-1.3x
     faster decoding here, at the cost of a second copy of those weights in memory; False
     keeps the memory and the unpacked kernels. compile=True runs the target's (and draft
-    model's) layers through PyTorch's inductor (models/compiled.py): faster passes after a
-    compilation of about a minute at load, with the fastest kernels (exact=False; exact=True
-    is refused)."""
+    model's) layers through PyTorch's inductor (models/compiled.py): faster passes after
+    35-90 s of compilation at load, with the fastest kernels (exact=False; exact=True is
+    refused)."""
     if method not in METHODS:
         raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if cross_vocab not in CROSS_VOCAB_MODES:

@@ -50,7 +50,7 @@ def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHOD
                         "for a second copy of those weights in memory (default on; --no-pack saves the memory)")
     p.add_argument("--compile", action="store_true",
                    help="run the model's layers through PyTorch's inductor: faster single-sequence passes on CPU "
-                        "after about a minute of compilation at load; implies --no-exact (the fastest kernels)")
+                        "after 35-90 s of compilation at load; implies --no-exact (the fastest kernels)")
 
 
 def add_quantize_args(p: argparse.ArgumentParser) -> None:
