@@ -65,7 +65,9 @@ class NativeRunner:
         if pack:
             self.model.pack_weights()
         if compile:
-            self.model.compile_layers().pack_lm_head()
+            self.model.compile_layers()
+            if not pack:  # pack_weights() packed it already
+                self.model.pack_lm_head()
         self.vocab_size = model.config.vocab_size
         self.max_len = min(max_len or model.config.max_position_embeddings,
                            model.config.max_position_embeddings)
