@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.cache import KVCache
-from specdec.models.compiled import compiled_layers, use_compiled
+from specdec.models.compiled import SMALL_MODEL_BYTES, compiled_forward, use_compiled
 from specdec.models.config import ModelConfig
 from specdec.models.exact import attend_row, attend_rows, exact_linear, exact_row_keys
 from specdec.models.packed import PackedWeight, pack_weight
@@ -261,7 +261,7 @@ class LlamaModel(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope = RopeTable(rope_inv_freq(config))
-        self.compiled: Callable | None = None  # set by compile_layers()
+        self.compiled: Callable | None = None  # set by compile_forward()
         self.apply(self._init_weights)
         for layer in self.model.layers:  # GPT-2 style: residual projections scaled by depth
             for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
@@ -302,10 +302,14 @@ class LlamaModel(nn.Module):
         self.lm_head.packed = pack_weight(self.lm_head.weight)
         return self
 
-    def compile_layers(self) -> LlamaModel:
-        """Run the layers of fast (not exact) inference passes through inductor (models/compiled.py).
-        Call after the final change to the weights: they are frozen into the compiled code."""
-        self.compiled = compiled_layers(self.model.layers)
+    def compile_forward(self) -> LlamaModel:
+        """Run fast (not exact) inference passes, from the embedding to the logits, through
+        inductor (models/compiled.py). Call after the final change to the weights: they are
+        frozen into the compiled code."""
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.parameters())
+        self.compiled = compiled_forward(self.model.embed_tokens, self.model.layers, self.model.norm,
+                                         lambda h: project(self.lm_head, h, False),
+                                         cpp_wrapper=weight_bytes < SMALL_MODEL_BYTES)
         return self
 
     @property
@@ -321,11 +325,10 @@ class LlamaModel(nn.Module):
         return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
                        max_len or c.max_position_embeddings, self.dtype, self.device, batch_size)
 
-    def hidden_states(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
-                      cache: KVCache | None = None,
-                      attn_mask: torch.Tensor | None = None, exact: bool = False) -> torch.Tensor:
-        """exact: every row's attention is computed as a 1-token pass would (see exact.attend_rows),
-        so that each row's output does not depend on how many rows the pass holds."""
+    def _pass_inputs(self, ids: torch.Tensor, positions: torch.Tensor | None, cache: KVCache | None,
+                     attn_mask: torch.Tensor | None, exact: bool):
+        """cos, sin, the attention mask over [cache + new tokens] (None: causal or one row) and,
+        for exact passes, each row's keys (exact_row_keys)."""
         T = ids.shape[1]
         past = cache.length if cache is not None else 0
         if positions is None:
@@ -338,19 +341,31 @@ class LlamaModel(nn.Module):
                               attn_mask.to(torch.bool)], dim=1)
         elif row_keys is None and cache is not None and T > 1:
             mask = torch.ones(T, past + T, dtype=torch.bool, device=ids.device).tril(past)
+        return cos, sin, mask, row_keys
+
+    def hidden_states(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
+                      cache: KVCache | None = None,
+                      attn_mask: torch.Tensor | None = None, exact: bool = False) -> torch.Tensor:
+        """The final-norm hidden states, eagerly. exact: every row's attention is computed as a
+        1-token pass would (see exact.attend_rows), so that each row's output does not depend
+        on how many rows the pass holds."""
+        cos, sin, mask, row_keys = self._pass_inputs(ids, positions, cache, attn_mask, exact)
         x = self.model.embed_tokens(ids)
-        if self.compiled is not None and use_compiled(T, past, exact, cache, self.device):
-            x = self.compiled(x, cos, sin, mask, cache)
-        else:
-            for i, layer in enumerate(self.model.layers):
-                x = layer(x, cos, sin, mask, cache, i, row_keys, exact)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, mask, cache, i, row_keys, exact)
         if cache is not None:
-            cache.advance(T)
+            cache.advance(ids.shape[1])
         return self.model.norm(x)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: KVCache | None = None, attn_mask: torch.Tensor | None = None,
                 return_hidden: bool = False, exact: bool = False):
-        h = self.hidden_states(ids, positions, cache, attn_mask, exact)
-        logits = project(self.lm_head, h, exact)
+        past = cache.length if cache is not None else 0
+        if self.compiled is not None and use_compiled(ids.shape[1], past, exact, cache, self.device):
+            cos, sin, mask, _ = self._pass_inputs(ids, positions, cache, attn_mask, exact)
+            logits, h = self.compiled(ids, cos, sin, mask, cache)
+            cache.advance(ids.shape[1])
+        else:
+            h = self.hidden_states(ids, positions, cache, attn_mask, exact)
+            logits = project(self.lm_head, h, exact)
         return (logits, h) if return_hidden else logits

@@ -65,7 +65,7 @@ class NativeRunner:
         if pack:
             self.model.pack_weights()
         if compile:
-            self.model.compile_layers()
+            self.model.compile_forward()
             if not pack:  # pack_weights() packed it already
                 self.model.pack_lm_head()
         self.vocab_size = model.config.vocab_size
