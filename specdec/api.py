@@ -30,8 +30,8 @@ def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: 
                 compile: bool = False):
     """A runner for a model folder, a .gguf file (or a folder holding one) or a short name;
     quantize: "int8" or "int4" weight-only quantization (native runtime, models/quant.py);
-    pack: projection weights packed once for oneDNN (models/packed.py); compile: the layers of
-    fast passes compiled by inductor (native runtime, models/compiled.py)."""
+    pack: projection weights packed once for oneDNN (models/packed.py); compile: fast passes
+    compiled by inductor, embedding to logits (native runtime, models/compiled.py)."""
     if quantize is not None and quantize not in QUANT_MODES:
         raise SpecdecError(f"unknown quantization {quantize!r}; choose from {', '.join(QUANT_MODES)}")
     if backend not in ("auto", "native", "transformers"):
@@ -228,7 +228,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     pack=True packs the projection weights once for oneDNN's matmul (models/packed.py): 1.2-1.3x
     faster decoding here, at the cost of a second copy of those weights in memory; False
     keeps the memory and the unpacked kernels. compile=True runs the target's (and draft
-    model's) layers through PyTorch's inductor (models/compiled.py): faster passes after
+    model's) passes through PyTorch's inductor (models/compiled.py): faster passes after
     35-90 s of compilation at load, with the fastest kernels (exact=False; exact=True is
     refused)."""
     if method not in METHODS:

@@ -1,4 +1,4 @@
-"""The decoder's layer loop compiled by PyTorch's inductor (opt-in: `--compile`).
+"""A decoder pass, embedding to logits, compiled by PyTorch's inductor (opt-in: `--compile`).
 
 In eager mode a 1-token pass on SmolLM2 runs ~25 small ops per layer through the dispatcher,
 about as long as its matrix products take. Inductor fuses the element-wise work (norms, rope,
