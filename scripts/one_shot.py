@@ -4,6 +4,7 @@ generation is what is measured. Reports decoding tokens/s (new tokens over the g
 wall time less its prefill, from --json stats) per method and dtype and its ratio to `none`.
 
     python scripts/one_shot.py --dtypes float32,bfloat16 --temperature 1 --prompts 3 --tokens 160
+    python scripts/one_shot.py ... --seed 0    # every method writes the same (plain sampling's) text
 """
 from __future__ import annotations
 
@@ -17,11 +18,14 @@ from pathlib import Path
 from specdec.prompts import build_suite
 
 
-def one_call(prompt: str, method: str, dtype: str, temperature: float, tokens: int, target: str | None) -> dict:
+def one_call(prompt: str, method: str, dtype: str, temperature: float, tokens: int, target: str | None,
+             seed: int | None = None) -> dict:
     cmd = [str(Path(sys.executable).with_name("specdec")), "generate", prompt, "--method", method, "--dtype", dtype,
            "--temperature", str(temperature), "--max-new-tokens", str(tokens), "--json"]
     if target:
         cmd += ["--target", target]
+    if seed is not None:  # seed-invariant sampling: every method writes plain sampling's text
+        cmd += ["--seed", str(seed), "--seed-mode", "invariant"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)["stats"]
 
@@ -35,15 +39,19 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--target", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--seed", type=int, default=None,
+                    help="seed-invariant sampling (prompt i gets seed + i): the same text from every method, "
+                         "so the ratios compare speed alone; without it each method samples its own text")
     args = ap.parse_args()
     prompts = [p.text for p in build_suite(args.prompts, ["code"])]
     methods = args.methods.split(",")
     rows = []
     for dtype in args.dtypes.split(","):
         speeds: dict[str, list[float]] = {m: [] for m in methods}
-        for prompt in prompts:
+        for i, prompt in enumerate(prompts):
+            seed = None if args.seed is None else args.seed + i
             for method in methods:
-                stats = one_call(prompt, method, dtype, args.temperature, args.tokens, args.target)
+                stats = one_call(prompt, method, dtype, args.temperature, args.tokens, args.target, seed)
                 # decoding only: at T > 0 each method samples its own text, and a short answer
                 # would otherwise be dominated by its prompt's prefill
                 speeds[method].append(stats["new_tokens"] / (stats["wall_seconds"] - stats["prefill_seconds"]))
