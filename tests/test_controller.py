@@ -162,3 +162,20 @@ def test_engine_calibration_seeds_controllers_and_leaves_output_unchanged():
     want = plain.generate(prompt, max_new_tokens=24).token_ids
     assert calibrated.generate(prompt, max_new_tokens=24).token_ids == want
 
+
+
+def test_calibration_runs_the_draft_models_two_token_catch_up_pass():
+    """After a step that accepted every draft, the draft model catches up on two tokens at once:
+    calibration runs that width too, so that its kernels (with --compile, its graph: ~5 s) are
+    not built inside the first generation."""
+    import specdec
+    from specdec.calibrate import measure_pass_costs
+
+    decoder = specdec.load(method="draft", calibrate=False)
+    engine = decoder.engine
+    runner = engine.proposer.runner
+    widths = []
+    extend = runner.extend
+    runner.extend = lambda ids, *args, **kwargs: widths.append(len(ids)) or extend(ids, *args, **kwargs)
+    measure_pass_costs(engine.target, engine.proposer, 4, 0)
+    assert 2 in widths[1:]  # not the prompt's prefill (the first pass)

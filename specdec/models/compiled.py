@@ -37,9 +37,9 @@ MAX_ROWS = 128  # decode steps, chains and trees; prefill chunks run eagerly (on
 
 
 def use_compiled(rows: int, past: int, exact: bool, cache, device: torch.device) -> bool:
-    """Whether a pass runs through the compiled layers: fast inference passes on CPU over a
-    single sequence's cache after its first two tokens (sizes 0 and 1 would each compile a graph
-    of their own; the batched passes, models/batch.py, run eagerly)."""
+    """Whether a pass runs compiled: fast inference passes on CPU over a single sequence's cache
+    after its first two tokens (sizes 0 and 1 would each compile a graph of their own; the
+    batched passes, models/batch.py, run eagerly)."""
     return (not exact and type(cache) is KVCache and not torch.is_grad_enabled() and device.type == "cpu"
             and rows <= MAX_ROWS and past >= 2)
 

@@ -57,10 +57,10 @@ class NativeRunner:
                  compile: bool = False):
         """fuse: Q/K/V and gate/up as one matmul each; pack: weights packed for oneDNN once
         (models/packed.py: bfloat16 outputs keep their bits, float32 ones change by rounding);
-        compile: fast passes run the layers through inductor (models/compiled.py), which freezes
-        and packs a copy of the layers' weights itself; the eager passes it leaves (prefill
-        chunks, exact passes) use the packed weights if pack, and the LM head is packed either
-        way. All are for inference only."""
+        compile: fast passes run through inductor, embedding to logits (models/compiled.py),
+        which freezes and packs a copy of the weights itself; the eager passes it leaves
+        (prefill chunks, exact passes) use the packed weights if pack, and the LM head is packed
+        either way. All are for inference only."""
         self.model = model.fuse_projections() if fuse else model
         if pack:
             self.model.pack_weights()
