@@ -54,7 +54,7 @@ def chain_verdict(seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> Ch
     """Verify a chain from the target's logits over [last] + drafts, with the sequence's own
     sampling settings (shared with the batched engine, so both verify alike)."""
     drafts, params, history = proposal.tokens, seq.params, seq.history
-    if params.greedy and history is None and not params.penalized and params.grammar is None:
+    if params.greedy and history is None:  # no penalties or grammar (penalties.history_for)
         return verify_greedy(drafts, logits)  # the argmax final_probs' one-hot would have, without building it
     target_probs = final_probs(logits, params, history and history.rows(chain_paths(drafts)))
     if params.greedy:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.cache import KVCache
-from specdec.models.compiled import SMALL_MODEL_BYTES, compiled_forward, use_compiled
+from specdec.models.compiled import compiled_forward, use_compiled
 from specdec.models.config import ModelConfig
 from specdec.models.exact import attend_row, attend_rows, exact_linear, exact_row_keys
 from specdec.models.packed import PackedWeight, pack_weight
@@ -302,14 +302,12 @@ class LlamaModel(nn.Module):
         self.lm_head.packed = pack_weight(self.lm_head.weight)
         return self
 
-    def compile_forward(self) -> LlamaModel:
+    def compile_forward(self, cpp_wrapper: bool = False) -> LlamaModel:
         """Run fast (not exact) inference passes, from the embedding to the logits, through
-        inductor (models/compiled.py). Call after the final change to the weights: they are
-        frozen into the compiled code."""
-        weight_bytes = sum(p.numel() * p.element_size() for p in self.parameters())
+        inductor (models/compiled.py; cpp_wrapper: see compiled_forward). Call after the final
+        change to the weights: they are frozen into the compiled code."""
         self.compiled = compiled_forward(self.model.embed_tokens, self.model.layers, self.model.norm,
-                                         lambda h: project(self.lm_head, h, False),
-                                         cpp_wrapper=weight_bytes < SMALL_MODEL_BYTES)
+                                         lambda h: project(self.lm_head, h, False), cpp_wrapper)
         return self
 
     @property

@@ -9,6 +9,7 @@ from typing import Protocol
 import torch
 
 from specdec.cache import KVCache
+from specdec.models.compiled import SMALL_MODEL_BYTES
 from specdec.models.llama import LlamaModel
 from specdec.models.packed import packed_bytes
 
@@ -65,7 +66,7 @@ class NativeRunner:
         if pack:
             self.model.pack_weights()
         if compile:
-            self.model.compile_forward()
+            self.model.compile_forward(cpp_wrapper=tensor_bytes(self.model.parameters()) < SMALL_MODEL_BYTES)
             if not pack:  # pack_weights() packed it already
                 self.model.pack_lm_head()
         self.vocab_size = model.config.vocab_size
