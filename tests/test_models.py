@@ -129,9 +129,10 @@ def test_fused_projections_keep_names_weights_and_logits(config, tmp_path):
 
 
 def _rows_one_by_one_and_in_one_pass(runner, prefix: list[int], tokens: list[int], exact: bool, mask=None):
+    """1-token passes (in exact mode when exact, as the engine's plain steps run there), and one pass."""
     runner.reset()
     runner.extend(prefix)
-    one_by_one = torch.stack([runner.extend([t])[-1].clone() for t in tokens])
+    one_by_one = torch.stack([runner.extend([t], exact=exact)[-1].clone() for t in tokens])
     runner.reset()
     runner.extend(prefix)
     return one_by_one, runner.extend(tokens, attn_mask=mask, exact=exact).clone()
@@ -152,7 +153,7 @@ def test_exact_passes_are_batch_invariant_in_bfloat16():
         prefix, tokens = ids[:start], ids[start:start + 9]
         single, fast = _rows_one_by_one_and_in_one_pass(runner, prefix, tokens, exact=False)
         differ_fast += sum(not torch.equal(a, b) for a, b in zip(single, fast))
-        _, exact = _rows_one_by_one_and_in_one_pass(runner, prefix, tokens, exact=True)
+        single, exact = _rows_one_by_one_and_in_one_pass(runner, prefix, tokens, exact=True)
         assert torch.equal(single, exact)
         chain_tree = tree_attention_mask(list(range(-1, len(tokens) - 2)))
         _, exact_tree = _rows_one_by_one_and_in_one_pass(runner, prefix, tokens, True, chain_tree)
@@ -208,10 +209,10 @@ def test_exact_branching_tree_rows_equal_one_token_passes(dtype):
 
 
 def test_attend_rows_equals_each_row_alone():
-    """attend_rows (q converted once, rows in a loop) against a 1-token attend_row call per row over
-    its own keys, for chain rows (key counts) and tree rows (key positions), grouped-query heads,
-    in bf16 and float32."""
-    from specdec.models.exact import attend_row, attend_rows
+    """attend_rows (chain rows together, tree rows gathered) against a 1-token exact_attend_row
+    call per row over its own keys, for chain rows (key counts) and tree rows (key positions),
+    grouped-query heads, in bf16 and float32."""
+    from specdec.models.exact import attend_rows, exact_attend_row
 
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.bfloat16, torch.float32):
@@ -221,5 +222,41 @@ def test_attend_rows_equals_each_row_alone():
         together = attend_rows(q, k, v, row_keys)
         for i, keys in enumerate(row_keys):
             own = slice(keys) if isinstance(keys, int) else keys
-            alone = attend_row(q[:, :, i:i + 1], k[:, :, own], v[:, :, own])
+            alone = exact_attend_row(q[:, :, i:i + 1], k[:, :, own], v[:, :, own])
             assert torch.equal(together[:, :, i:i + 1], alone), (dtype, i)
+
+
+@pytest.mark.parametrize("heads", [(9, 3, 64), (5, 1, 64), (8, 2, 32)])
+def test_attend_counted_gives_each_row_its_own_bits_beside_other_sequences(heads):
+    """Exact mode's batched attention: sequences with different key counts (padded to the
+    longest) and several rows each; every row equals exact_attend_row over exactly its keys,
+    whether this machine's kernels allow one call for all (SmolLM2's 9 heads over 3 measured
+    here) or attend_counted falls back to a call per row (5 over 1, 8 over 2 measured here)."""
+    from specdec.models.exact import attend_counted, exact_attend_row
+
+    nh, nkv, hd = heads
+    g = torch.Generator().manual_seed(1)
+    for dtype in (torch.bfloat16, torch.float32):
+        for base, T in (([3, 450, 17, 200, 64, 1000], 1), ([30, 511, 95], 4)):
+            counts = tuple(tuple(b + t + 1 for t in range(T)) for b in base)
+            q = torch.randn(len(base), nh, T, hd, generator=g).to(dtype)
+            k, v = (torch.randn(len(base), nkv, max(base) + T + 3, hd, generator=g).to(dtype) for _ in range(2))
+            together = attend_counted(q, k, v, counts)
+            for b in range(len(base)):
+                for t, c in enumerate(counts[b]):
+                    alone = exact_attend_row(q[b:b + 1, :, t:t + 1], k[b:b + 1, :, :c], v[b:b + 1, :, :c])
+                    assert torch.equal(together[b:b + 1, :, t:t + 1], alone), (dtype, b, t)
+
+
+def test_exact_attention_is_as_accurate_as_the_fast_kernel():
+    """exact_attend_row computes the same attention as attend_row (SDPA), to float32 rounding."""
+    from specdec.models.exact import attend_row, exact_attend_row
+
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 9, 1, 64, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 3, 203, 64, generator=g, dtype=torch.float64) for _ in range(2))
+    reference = attend_row(q, k, v)  # float64
+    for dtype in (torch.float32, torch.bfloat16):
+        fast = attend_row(q.to(dtype), k.to(dtype), v.to(dtype)).double()
+        exact = exact_attend_row(q.to(dtype), k.to(dtype), v.to(dtype)).double()
+        assert (exact - reference).abs().max() <= 2 * (fast - reference).abs().max() + 1e-6, dtype

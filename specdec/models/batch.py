@@ -4,21 +4,22 @@ each in its own KV-cache slot with its own positions and its own number of new t
 Decoding is bound by reading the weights, so one pass over the rows of B sequences costs far
 less than B passes. Rows are padded to the widest slot; a mask keeps every row to its own
 slot's keys (one slot per batch row of the cache) and to its causal prefix, and padding rows
-are never written to the cache. In exact mode a slot's rows each attend alone over exactly
-their keys (exact.attend_rows) and every projection is row-invariant, so each row gets the
-bits a 1-token single-sequence pass gives it, whatever else is in the batch."""
+are never written to the cache. In exact mode every row attends over exactly its keys as
+exact.exact_attend_row defines it, all slots in one call (exact.attend_counted), and every
+projection is row-invariant, so each row gets the bits a 1-token single-sequence pass in exact
+mode gives it, whatever else is in the batch."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from specdec.cache import BatchKVCache
-from specdec.models.exact import attend_rows
+from specdec.models.exact import Counts, attend_counted
 from specdec.models.llama import Attention, LlamaModel, project
 from specdec.models.runner import tensor_bytes
 
-# (slots attending with the shared mask, [(slot, its rows' key counts)] whose rows attend alone)
-ExactRows = tuple[list[int], list[tuple[int, list[int]]]]
+# (slots attending with the shared mask, slots whose rows attend alone, their rows' key counts)
+ExactRows = tuple[list[int], list[int], Counts]
 
 
 SMALL_PASS_ROWS = 16  # decode and verify passes: attend_masked; wider (prefill chunks): SDPA
@@ -48,15 +49,14 @@ def _attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     elif exact_rows is None:
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     else:
-        shared, alone = exact_rows
+        shared, alone, counts = exact_rows
+        if not shared:  # every slot exact (no copy of the cache)
+            return attn.output(attend_counted(q, k, v, counts), exact)
         y = torch.zeros_like(q)
-        if shared:
-            idx = torch.tensor(shared, device=q.device)
-            y[idx] = F.scaled_dot_product_attention(q[idx], k[idx], v[idx], attn_mask=mask[idx], enable_gqa=gqa)
-        if alone:  # converted once for every row (attend_row would convert each row's slice: same values)
-            k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (k, v))
-        for b, counts in alone:
-            y[b:b + 1, :, :len(counts)] = attend_rows(q[b:b + 1, :, :len(counts)], k[b:b + 1], v[b:b + 1], counts)
+        idx = torch.tensor(shared, device=q.device)
+        y[idx] = F.scaled_dot_product_attention(q[idx], k[idx], v[idx], attn_mask=mask[idx], enable_gqa=gqa)
+        idx = torch.tensor(alone, device=q.device)
+        y[idx] = attend_counted(q[idx], k[idx], v[idx], counts)
     return attn.output(y, exact)
 
 
@@ -78,9 +78,10 @@ def batch_forward(model: LlamaModel, ids: list[list[int]], cache: BatchKVCache,
     any_exact = exact is not None and any(exact)
     exact_rows = None
     if any_exact:
-        lengths = cache.lengths
-        exact_rows = ([b for b in range(n) if not exact[b]],
-                      [(b, [lengths[b] + t + 1 for t in range(widths[b])]) for b in range(n) if exact[b]])
+        alone = [b for b in range(n) if exact[b]]
+        # row t of slot b sees the slot's keys and rows up to t (padding rows: as its last row)
+        counts = tuple(tuple(max(1, cache.lengths[b] + min(t, widths[b] - 1) + 1) for t in range(T)) for b in alone)
+        exact_rows = ([b for b in range(n) if not exact[b]], alone, counts)
     x = model.model.embed_tokens(padded)
     for i, layer in enumerate(model.model.layers):
         x = x + _attention(layer.self_attn, layer.input_layernorm(x), cos, sin, mask, cache, i, exact_rows, any_exact)

@@ -6,15 +6,16 @@ tests/test_models.py): attention kernels block their reduction by the number of 
 row scored inside a wider pass (extra keys masked) rounds differently; and matrix
 multiplications choose their blocking of the reduction dimension from the number of rows once
 it is large (bfloat16: reductions longer than 1024 change with the row count; float32: passes
-under 16 rows take other kernels than wider ones). So in exact mode each row attends alone
-(attend_rows), and every projection runs through a plan checked at first use for its weight
+under 16 rows take other kernels than wider ones). So in exact mode each row attends as
+exact_attend_row defines it, alone or beside other rows and sequences (attend_counted,
+attend_rows), and every projection runs through a plan checked at first use for its weight
 shape (row_invariant_plan): the reduction split into chunks the kernels treat alike for every
 row count, partial products summed in float32 in a fixed order, and passes narrower than a
 minimum padded."""
 from __future__ import annotations
 
 import warnings
-from functools import partial
+from functools import lru_cache, partial
 
 import torch
 import torch.nn.functional as F
@@ -29,36 +30,169 @@ _weight_plans: dict[tuple, tuple[int, int]] = {}  # by weight and threads: one d
 
 def attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """One query row per sequence, q [B, nh, 1, hd], over all of k, v [B, nkv, L, hd] (grouped
-    query heads: head h reads kv head h // (nh / nkv)), in at least float32. Plain decoding and
-    exact mode's rows both attend through it. Measured here (9 heads over 3 kv heads, 2 threads):
-    SDPA's fused CPU kernel on bfloat16 inputs takes 90 us at L = 200 and 430 us at L = 1000
-    for a single query, on float32 inputs 13 us and 47 us; converting the bf16 cache and calling
-    it in float32 takes 24 us and 73 us, against 35 us and 80 us for matmul-softmax-matmul in
-    float32, with the same error against a float64 reference (scores rounded to bf16 instead
-    would be 8x less accurate)."""
+    query heads: head h reads kv head h // (nh / nkv)), in at least float32: plain decoding's
+    attention with the fast kernels (exact mode's is exact_attend_row). Measured here (9 heads
+    over 3 kv heads, 2 threads): SDPA's fused CPU kernel on bfloat16 inputs takes 90 us at L =
+    200 and 430 us at L = 1000 for a single query, on float32 inputs 13 us and 47 us;
+    converting the bf16 cache and calling it in float32 takes 24 us and 73 us, against 35 us
+    and 80 us for matmul-softmax-matmul in float32, with the same error against a float64
+    reference (scores rounded to bf16 instead would be 8x less accurate)."""
     dtype = torch.promote_types(q.dtype, torch.float32)
     out = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), enable_gqa=k.shape[1] != q.shape[1])
     return out.to(q.dtype)
 
 
+KEY_BLOCK = 16  # exact mode zero-pads keys to a multiple of this: see exact_attend_row
+
+
+def _blocks(n: int) -> int:
+    return -(-n // KEY_BLOCK) * KEY_BLOCK
+
+
+def padded_keys(t: torch.Tensor, length: int) -> torch.Tensor:
+    """t [B, nkv, L, hd] in at least float32 with exactly `length` key positions: cut, or
+    padded with zeros (padded keys are masked, but their values must be finite)."""
+    dtype = torch.promote_types(t.dtype, torch.float32)
+    if t.shape[2] >= length:
+        return t[:, :, :length].to(dtype)
+    out = t.new_empty(*t.shape[:2], length, t.shape[3], dtype=dtype)
+    out[:, :, :t.shape[2]] = t
+    out[:, :, t.shape[2]:] = 0
+    return out
+
+
+Counts = tuple[tuple[int, ...], ...]  # counts[b][t]: row t of sequence b sees keys [0, counts[b][t])
+
+
+@lru_cache(maxsize=8)
+def _hiding(counts: Counts | int, nkv: int, P: int, device: torch.device) -> torch.Tensor:
+    """The scores' bias, 0 for the keys a row sees and -inf after: [B * nkv * T, 1, P] for
+    counts per row, [P] for one count. Built once per pass, shared by its layers."""
+    if isinstance(counts, int):
+        bias = torch.zeros(P, device=device)
+        bias[counts:] = float("-inf")
+        return bias
+    B, T = len(counts), len(counts[0])
+    hidden = torch.arange(P, device=device) >= torch.tensor(counts, device=device).view(B, 1, T, 1, 1)
+    bias = torch.zeros(hidden.shape, device=device).masked_fill_(hidden, float("-inf"))
+    return bias.expand(B, nkv, T, 1, P).reshape(B * nkv * T, 1, P)
+
+
+def _attend_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Counts | int) -> torch.Tensor:
+    """Rows q [B, nh, T, hd] over k, v [B, nkv, P, hd] (float32, P a multiple of KEY_BLOCK),
+    row t of sequence b seeing keys [0, counts[b][t]) (an int: every row that many). Each row
+    is its own matmul of the nh / nkv query heads sharing a kv head: the rows go into the
+    batch dimension, with the keys copied once per row (cheaper here than a matmul per row),
+    and the scores are scaled and masked inside the matmul (baddbmm: fewer passes over them)."""
+    B, nh, T, hd = q.shape
+    nkv, P = k.shape[1], k.shape[2]
+    G, n = nh // nkv, B * nkv * T
+    if T == 1:  # the same tensors with fewer view ops (plain decoding's path: ~30 layers a token)
+        rows, k, v = q.reshape(n, G, hd), k.reshape(n, P, hd), v.reshape(n, P, hd)
+    else:
+        rows = q.reshape(B, nkv, G, T, hd).transpose(2, 3).reshape(n, G, hd)
+        k, v = (t[:, :, None].expand(B, nkv, T, P, hd).reshape(n, P, hd) for t in (k, v))
+    bias = _hiding(counts, nkv, P, k.device).to(k.dtype)
+    scores = torch.baddbmm(bias, rows.to(k.dtype), k.transpose(1, 2), alpha=hd ** -0.5)  # [n, G, P]
+    out = torch.bmm(scores.softmax(-1), v)  # [n, G, hd]
+    if T == 1:
+        return out.view(B, nh, 1, hd).to(q.dtype)
+    return out.view(B, nkv, T, G, hd).transpose(2, 3).reshape(B, nh, T, hd).to(q.dtype)
+
+
+def exact_attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """attend_row's job in exact mode: the definition every exact row reproduces bit for bit,
+    alone or inside a batch of sequences with other key counts (models/batch.py).
+
+    Why this form: no fused kernel here gives a row the same bits inside such a batch (SDPA
+    blocks its reduction by the key count; matmuls choose kernels by the number of rows, and
+    by key counts that are not a multiple of 16: measured). So the keys are zero-padded to a
+    multiple of KEY_BLOCK and masked, the query heads sharing a kv head are the rows of one
+    matmul (always nh / nkv of them), and softmax and the weighted sum see only exact zeros
+    where a batch adds keys; attend_counted checks at first use that this holds here. Cost
+    here (9 heads over 3 kv heads, bf16 cache of 200 keys, 2 threads): ~56 us, attend_row's 50."""
+    L = k.shape[2]
+    P = _blocks(L)
+    return _attend_padded(q, padded_keys(k, P), padded_keys(v, P), L)
+
+
+ROW_CHUNK = 16
+_batch_ok: dict[tuple, bool] = {}  # by heads, head size, dtype and threads
+
+
+def _rows_batch_alike(nh: int, nkv: int, hd: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether attend_counted may attend all sequences' rows together (keys padded to the
+    longest) and still give each row exact_attend_row's bits over its own keys, here: the
+    matmul kernels' choices depend on shapes (measured: 3 query heads per kv head of size 64
+    pass; 4 or 5 per kv head fail), so it is checked once per shape."""
+    dtype = torch.promote_types(dtype, torch.float32)  # the matmuls' dtype; full-precision inputs check harder
+    key = (nh, nkv, hd, dtype, device.type, torch.get_num_threads())
+    if key not in _batch_ok:
+        g = torch.Generator(device=device).manual_seed(0)
+        ok = True
+        for counts in ([[1], [17], [300], [45], [1000], [16], [64]], [[513, 514, 515], [200, 201, 202], [7, 8, 9]],
+                       [[30 + t for t in range(9)]], [[33], [32]]):
+            B, T = len(counts), len(counts[0])
+            q, k, v = (torch.randn(B, heads, length, hd, generator=g, device=device, dtype=dtype)
+                       for heads, length in ((nh, T), (nkv, max(map(max, counts))), (nkv, max(map(max, counts)))))
+            together = _attend_together(q, k, v, tuple(map(tuple, counts)))
+            for b, row in enumerate(counts):
+                for t, c in enumerate(row):
+                    alone = exact_attend_row(q[b:b + 1, :, t:t + 1], k[b:b + 1, :, :c], v[b:b + 1, :, :c])
+                    ok = ok and torch.equal(together[b, :, t:t + 1], alone[0])
+        _batch_ok[key] = ok
+    return _batch_ok[key]
+
+
+def _attend_together(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Counts) -> torch.Tensor:
+    """attend_counted in one call: every sequence's keys padded to the longest."""
+    P = _blocks(max(map(max, counts)))
+    return _attend_padded(q, padded_keys(k, P), padded_keys(v, P), counts)
+
+
+def attend_counted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Counts) -> torch.Tensor:
+    """Rows q [B, nh, T, hd] over k, v [B, nkv, L, hd] (any dtype), row t of sequence b seeing
+    the first counts[b][t] keys: each row gets the bits of exact_attend_row over exactly its
+    keys. All sequences and rows in one call (up to ROW_CHUNK rows: each row copies the keys)
+    where that is checked to hold here (_rows_batch_alike), else one call per row with
+    exact_attend_row's own shapes."""
+    B, nh, T, hd = q.shape
+    if _rows_batch_alike(nh, k.shape[1], hd, q.dtype, q.device):
+        if T <= ROW_CHUNK:
+            return _attend_together(q, k, v, counts)
+        chunks = range(0, T, ROW_CHUNK)
+        return torch.cat([_attend_together(q[:, :, t:t + ROW_CHUNK], k, v, tuple(r[t:t + ROW_CHUNK] for r in counts))
+                          for t in chunks], 2)
+    P = _blocks(max(map(max, counts)))
+    kp, vp = padded_keys(k, P), padded_keys(v, P)  # converted once; each row's view: keys past its count get p = 0
+    out = torch.empty_like(q)
+    for b in range(B):
+        for t, c in enumerate(counts[b]):
+            own = _blocks(c)
+            own_k, own_v = kp[b:b + 1, :, :own], vp[b:b + 1, :, :own]
+            out[b:b + 1, :, t:t + 1] = _attend_padded(q[b:b + 1, :, t:t + 1], own_k, own_v, c)
+    return out
+
+
 def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_keys: list[int | torch.Tensor]) -> torch.Tensor:
-    """Exact mode's attention for the new rows q [B, nh, T, hd] over k, v (in at least float32,
-    converted once by the caller): each row alone over exactly the keys it may see, in cache
-    order, through attend_row: the same call, on the same values, as plain decoding's 1-token
-    pass at that position. row_keys[i]: n = the first n cache positions, or the positions
-    (tree rows)."""
+    """Exact mode's attention for the new rows q [B, nh, T, hd] over k, v: each row alone over
+    exactly the keys it may see, in cache order, with exact_attend_row's bits (plain decoding's
+    1-token pass at that position in exact mode). row_keys[i]: n = the first n cache positions, or the
+    positions (tree rows)."""
     B, nh, T, hd = q.shape
     nkv = k.shape[1]
-    q_rows = q.to(k.dtype)  # converted once for every row (same values as each row's own conversion)
+    counted = [i for i, keys in enumerate(row_keys) if isinstance(keys, int)]
+    if len(counted) == T:  # a chain
+        return attend_counted(q, k, v, (tuple(row_keys),) * B)
+    out = torch.empty_like(q)
+    if counted:
+        out[:, :, counted] = attend_counted(q[:, :, counted], k, v, (tuple(row_keys[i] for i in counted),) * B)
     flat_k, flat_v = k.flatten(0, 1), v.flatten(0, 1)
-    outs = []
     for i, keys in enumerate(row_keys):
-        if isinstance(keys, int):
-            k_row, v_row = k[:, :, :keys], v[:, :, :keys]
-        else:  # over [B*nkv, L, hd]: index_select's CPU kernel on the 4-d tensor took ~8x longer here
+        if not isinstance(keys, int):  # index_select over [B*nkv, L, hd]: ~8x faster here than on the 4-d tensor
             k_row, v_row = (t.index_select(1, keys).view(B, nkv, -1, hd) for t in (flat_k, flat_v))
-        outs.append(attend_row(q_rows[:, :, i:i + 1], k_row, v_row))
-    return torch.cat(outs, 2).to(q.dtype)
+            out[:, :, i:i + 1] = exact_attend_row(q[:, :, i:i + 1], k_row, v_row)
+    return out
 
 
 def exact_row_keys(T: int, past: int, attn_mask: torch.Tensor | None) -> list[int | torch.Tensor]:

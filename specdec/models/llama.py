@@ -13,7 +13,7 @@ from torch import nn
 from specdec.cache import KVCache
 from specdec.models.compiled import compiled_forward, use_compiled
 from specdec.models.config import ModelConfig
-from specdec.models.exact import attend_row, attend_rows, exact_linear, exact_row_keys
+from specdec.models.exact import attend_row, attend_rows, exact_attend_row, exact_linear, exact_row_keys
 from specdec.models.packed import PackedWeight, pack_weight
 from specdec.models.quant import QuantizedLinear
 
@@ -194,11 +194,9 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(layer, k, v)
         if row_keys is not None:
-            # converted once for every row (attend_row would convert each row's slice: same values)
-            k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (k, v))
             y = attend_rows(q, k, v, row_keys)
         elif T == 1 and mask is None:  # a decode step: SDPA's kernel is slow for one query
-            y = attend_row(q, k, v)
+            y = exact_attend_row(q, k, v) if exact else attend_row(q, k, v)
         else:
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=mask is None and cache is None and T > 1,
