@@ -145,9 +145,17 @@ def _rows_batch_alike(nh: int, nkv: int, hd: int, dtype: torch.dtype, device: to
 
 
 def _attend_together(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Counts) -> torch.Tensor:
-    """attend_counted in one call: every sequence's keys padded to the longest."""
+    """attend_counted with every sequence's keys padded to the longest: one sequence's rows in
+    one call (its keys copied per row), several sequences in one call per row index (no
+    copies: measured here, 4 sequences x 4 rows over ~450 keys, a SmolLM2 pass took 31 ms
+    this way and 36-42 ms copying)."""
     P = _blocks(max(map(max, counts)))
-    return _attend_padded(q, padded_keys(k, P), padded_keys(v, P), counts)
+    kp, vp = padded_keys(k, P), padded_keys(v, P)
+    B, _, T, _ = q.shape
+    if B == 1 or T == 1:
+        return _attend_padded(q, kp, vp, counts)
+    return torch.cat([_attend_padded(q[:, :, t:t + 1], kp, vp, tuple((row[t],) for row in counts))
+                      for t in range(T)], 2)
 
 
 def attend_counted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Counts) -> torch.Tensor:
