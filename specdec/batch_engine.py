@@ -103,7 +103,7 @@ class BatchEngine:
         filler = min(self.engine.eos_ids) if self.engine.eos_ids else 0
         prefix = [filler] * context
         for slot in range(self.max_batch):
-            self.runner.extend_slot(slot, prefix)
+            self.runner.extend_slot(slot, prefix, want_logits=False)
             if self.draft is not None:
                 self.draft.prefill(slot, prefix)
 
@@ -241,7 +241,7 @@ class BatchEngine:
                 continue
             seq, t0 = entry.seq, time.perf_counter()
             ids = seq.prompt_ids[entry.prefilled:min(entry.prefilled + self.prefill_chunk, len(seq.prompt_ids) - 1)]
-            logits = self.runner.extend_slot(slot, ids)
+            logits = self.runner.extend_slot(slot, ids, want_logits=seq.params.prompt_logprobs is not None)
             if entry.method == "draft":
                 self.draft.prefill(slot, ids)
             if seq.params.prompt_logprobs is not None:

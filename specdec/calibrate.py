@@ -45,7 +45,7 @@ def measure_pass_costs(target: Runner, proposer: Proposer | None, max_k: int, fi
     tree = proposer is not None and proposer.shape == "tree"
     want_hidden = proposer is not None and proposer.needs_hidden
     target.reset()
-    target.extend(context[:-1], want_hidden=want_hidden)
+    target.extend(context[:-1], want_hidden=want_hidden, want_logits=False)
     start = target.length
     sizes = sorted({0, *(k for k in (1, 2, 4, 8, 16) if k <= max_k), max_k})
     def one_pass(k: int, use_exact: bool = False) -> None:

@@ -175,7 +175,8 @@ class Engine:
         if self.proposer is not None:
             self.proposer.reset(prompt_ids)
         if len(prompt_ids) > 1:
-            logits = self.target.extend(prompt_ids[:-1], want_hidden=self.needs_hidden)
+            logits = self.target.extend(prompt_ids[:-1], want_hidden=self.needs_hidden,
+                                        want_logits=params.prompt_logprobs is not None)
             if params.prompt_logprobs is not None:
                 seq.prompt_logprobs += token_logprobs(logits, prompt_ids[1:], params.prompt_logprobs)
             if self.needs_hidden:

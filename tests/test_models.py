@@ -260,3 +260,18 @@ def test_exact_attention_is_as_accurate_as_the_fast_kernel():
         fast = attend_row(q.to(dtype), k.to(dtype), v.to(dtype)).double()
         exact = exact_attend_row(q.to(dtype), k.to(dtype), v.to(dtype)).double()
         assert (exact - reference).abs().max() <= 2 * (fast - reference).abs().max() + 1e-6, dtype
+
+
+def test_prefill_without_logits_leaves_the_same_cache():
+    """want_logits=False skips the LM head (a prefill needs only the cache): nothing comes back,
+    and the next pass's logits equal those after a prefill that computed them."""
+    from specdec.bundled import DEFAULT_TARGET
+    from specdec.models.runner import NativeRunner
+
+    runner = NativeRunner(load_native(DEFAULT_TARGET, "float32"), 64)
+    prompt = list(range(20, 40))
+    assert runner.extend(prompt, want_logits=False) is None
+    skipped = runner.extend([7])
+    runner.reset()
+    assert runner.extend(prompt).shape[0] == len(prompt)
+    assert torch.equal(runner.extend([7]), skipped)

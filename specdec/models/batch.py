@@ -113,11 +113,14 @@ class BatchRunner:
         return [logits[b, :len(row)] for b, row in enumerate(ids)]
 
     @torch.inference_mode()
-    def extend_slot(self, slot: int, ids: list[int], exact: bool = False) -> torch.Tensor:
+    def extend_slot(self, slot: int, ids: list[int], exact: bool = False,
+                    want_logits: bool = True) -> torch.Tensor | None:
         """A single-sequence pass on one slot (a prefill chunk): the very computation
-        NativeRunner.extend does, on that slot's cache. Logits [len(ids), V]."""
+        NativeRunner.extend does, on that slot's cache. Logits [len(ids), V] (None when not
+        want_logits: the LM head skipped)."""
         x = torch.tensor([ids], dtype=torch.long, device=self.model.device)
-        return self.model(x, None, self.cache.slot(slot), exact=exact)[0]
+        logits = self.model(x, None, self.cache.slot(slot), exact=exact, want_logits=want_logits)
+        return None if logits is None else logits[0]
 
     def rollback(self, slot: int, length: int) -> None:
         self.cache.rollback(slot, length)

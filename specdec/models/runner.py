@@ -28,9 +28,11 @@ class Runner(Protocol):
 
     def extend(self, ids: list[int], attn_mask: torch.Tensor | None = None,
                positions: torch.Tensor | None = None, want_hidden: bool = False,
-               exact: bool = False) -> torch.Tensor:
+               exact: bool = False, want_logits: bool = True) -> torch.Tensor | None:
         """Append ids to the cache; return their logits [T, V]. exact: each row's logits do not
-        depend on how many rows the pass holds (runners that cannot promise it ignore it)."""
+        depend on how many rows the pass holds (runners that cannot promise it ignore it).
+        want_logits=False: a prefill that needs only the cache; runners may then skip the LM
+        head and return None."""
 
     def rollback(self, length: int) -> None: ...
 
@@ -85,14 +87,16 @@ class NativeRunner:
     @torch.inference_mode()
     def extend(self, ids: list[int], attn_mask: torch.Tensor | None = None,
                positions: torch.Tensor | None = None, want_hidden: bool = False,
-               exact: bool = False) -> torch.Tensor:
-        """Append ids to the cache; return their logits [T, V] (hidden states in last_hidden)."""
+               exact: bool = False, want_logits: bool = True) -> torch.Tensor | None:
+        """Append ids to the cache; return their logits [T, V] (hidden states in last_hidden);
+        None when not want_logits and the pass ran eagerly (the LM head skipped)."""
         x = torch.tensor([ids], dtype=torch.long, device=self.model.device)
         if positions is not None:
             positions = positions.to(self.model.device)
-        logits, hidden = self.model(x, positions, self.cache, attn_mask, return_hidden=True, exact=exact)
+        logits, hidden = self.model(x, positions, self.cache, attn_mask, return_hidden=True, exact=exact,
+                                    want_logits=want_logits)
         self.last_hidden = hidden[0] if want_hidden else None
-        return logits[0]
+        return None if logits is None else logits[0]
 
     def rollback(self, length: int) -> None:
         self.cache.rollback(length)

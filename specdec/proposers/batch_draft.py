@@ -61,7 +61,7 @@ class BatchDraftModel:
 
     def prefill(self, slot: int, ids: list[int]) -> None:
         """Feed prompt tokens (a chunk of the prompt but its last token, as the target gets)."""
-        self.runner.extend_slot(slot, ids)
+        self.runner.extend_slot(slot, ids, want_logits=False)
         self.cached[slot] += ids
         self.verified[slot] = len(self.cached[slot])
 

@@ -128,7 +128,7 @@ class CrossVocabProposer:
             self._read(prompt_ids)
             tokens, ends, _ = self._draft_context()
             if 1 < len(tokens) < self.runner.max_len:
-                self.runner.extend(tokens[:-1])
+                self.runner.extend(tokens[:-1], want_logits=False)
                 self.cached, self.ends = tokens[:-1], ends[:-1]
                 self.verified = len(self.cached)
 
@@ -227,7 +227,7 @@ class CrossVocabProposer:
         sync_seconds = 0.0
         if len(feed) > 2:  # catch up after plain steps, timed apart
             t0 = time.perf_counter()
-            self.runner.extend(feed[:-1])
+            self.runner.extend(feed[:-1], want_logits=False)
             self.cached.extend(feed[:-1])
             self.ends.extend(feed_ends[:-1])
             feed, feed_ends = feed[-1:], feed_ends[-1:]

@@ -31,7 +31,7 @@ class DraftModelProposer:
         self.cached = list(prompt_ids[:-1])
         self.verified = len(self.cached)
         if self.cached:
-            self.runner.extend(self.cached)
+            self.runner.extend(self.cached, want_logits=False)
 
     def _sync(self, context: list[int]) -> list[int]:
         """Roll the draft cache back to its common prefix with context; return what to feed.
@@ -56,7 +56,7 @@ class DraftModelProposer:
         sync_seconds = 0.0
         if len(feed) > 2:  # tokens from plain steps: catch up first, timed apart
             t0 = time.perf_counter()
-            self.runner.extend(feed[:-1])
+            self.runner.extend(feed[:-1], want_logits=False)
             self.cached.extend(feed[:-1])
             feed = feed[-1:]
             sync_seconds = time.perf_counter() - t0
