@@ -1,12 +1,12 @@
 """One draft length for all the sequences of a batched step, chosen from measured costs.
 
 Alone, verifying K drafts costs little more than a plain step (decoding reads the weights
-either way); in a batch of n sequences padded to a common width, the pass holds n * (K + 1)
-rows, and once the pass is compute-bound every drafted row costs as much as a plain one. So
-the batch, not each sequence, picks K: the one that maximises the batch's expected tokens per
-second,
+either way); in a batch of n sequences the pass holds sum_i (min(K, limit_i) + 1) rows (packed:
+models/batch.py), and once the pass is compute-bound every drafted row costs as much as a
+plain one. So the batch, not each sequence, picks K: the one that maximises the batch's
+expected tokens per second,
 
-    sum_i E_i(min(K, limit_i)) / (target(n * (K + 1)) + K * draft(n)),
+    sum_i E_i(min(K, limit_i)) / (target(sum_i (min(K, limit_i) + 1)) + K * draft(n)),
 
 with E_i(k) = 1 + a_i + ... + a_i^k from sequence i's own acceptance estimate (its
 DraftLengthController), limit_i what sequence i can draft (its tokens left; for prompt lookup,
@@ -61,11 +61,12 @@ class BatchDraftLength:
     probe_every: int = 16  # plain steps between probes of a short draft
     probe_k: int = 2
     plain_streak: int = 0
+    cold: set[int] = field(default_factory=set)  # pass sizes run once: not measured yet
 
-    def cost(self, n: int, k: int, drafting: int) -> float | None:
-        """Estimated seconds of a step of n sequences at K = k, `drafting` of them running the
-        draft model (None: not measured enough yet)."""
-        target = self.target.estimate(n * (k + 1))
+    def cost(self, limits: list[int], k: int, drafting: int) -> float | None:
+        """Estimated seconds of a step at K = k of sequences that can draft limits[i] each,
+        `drafting` of them running the draft model (None: not measured enough yet)."""
+        target = self.target.estimate(sum(min(k, lim) + 1 for lim in limits))
         if target is None:
             return None
         draft = self.draft.estimate(drafting) if k and drafting else 0.0
@@ -83,7 +84,7 @@ class BatchDraftLength:
             return 0 if n not in self.target.seconds else min(self.probe_k, upper)  # measure two sizes first
 
         def rate(k: int) -> float:
-            return sum(e(min(k, lim)) for e, lim in zip(expected, limits)) / self.cost(n, k, drafting)
+            return sum(e(min(k, lim)) for e, lim in zip(expected, limits)) / self.cost(limits, k, drafting)
 
         best = max(range(1, upper + 1), key=rate)
         if rate(best) >= self.min_gain * rate(0):
@@ -95,10 +96,14 @@ class BatchDraftLength:
             return min(self.probe_k, upper)
         return 0
 
-    def observe(self, n: int, width: int, target_seconds: float, drafting: int = 0,
+    def observe(self, rows: int, target_seconds: float, drafting: int = 0,
                 draft_passes: int = 0, draft_seconds: float = 0.0) -> None:
-        """A step's measured costs: its target pass over n sequences padded to width rows, and
-        its draft-model passes."""
-        self.target.observe(n * width, target_seconds)
+        """A step's measured costs: its target pass over `rows` rows, and its draft-model passes.
+        The first pass over a number of rows that calibration did not time is not a cost: it
+        builds the matrix kernels for that shape (packed passes meet many)."""
+        if rows in self.target.seconds or rows in self.cold:
+            self.target.observe(rows, target_seconds)
+        else:
+            self.cold.add(rows)
         if drafting and draft_passes:
             self.draft.observe(drafting, draft_seconds / draft_passes)

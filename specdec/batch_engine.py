@@ -8,16 +8,17 @@ A step:
    prompt does not stall the sequences already decoding (a prompt that fits in one chunk is
    prefilled in one pass, exactly as Engine.start does);
 2. picks one K for the batch and lets every decoding sequence draft up to it;
-3. scores every sequence's [last token] + drafts in ONE target pass (rows padded to the
-   widest sequence, a mask keeping each row to its own slot: models/batch.py);
+3. scores every sequence's [last token] + drafts in ONE target pass (rows packed through the
+   projections, padded to the widest sequence only inside attention, where a mask keeps
+   each row to its own slot: models/batch.py);
 4. verifies each sequence with its own sampling settings, exactly as Engine._verify_chain
    does (engine.chain_verdict), rolls its slot back past its rejected drafts, and applies its
    stop rules (EOS, stop strings, max tokens, context).
 
 K: one per step for the whole batch (batch_controller.py), from the measured costs of
 batched passes and each sequence's acceptance (its own DraftLengthController); a sequence
-drafts min(K, what it can). Rows are padded to the widest sequence, so K is also capped at
-max_rows // n - 1 for n sequences in the pass. A fixed K (draft_tokens) is used as is.
+drafts min(K, what it can), and K is capped at max_rows // n - 1 for n sequences in the
+pass (attention pads to the widest). A fixed K (draft_tokens) is used as is.
 
 Drafting: `ngram` per sequence (no model); `draft` (when the decoder's method is draft) as one
 batched draft-model pass per draft position (proposers/batch_draft.py), the draft model
@@ -291,7 +292,7 @@ class BatchEngine:
         logits = self.runner.extend(rows, exact)
         target_seconds = time.perf_counter() - t0
         drafting = [b for slot, b in zip(ready, budgets) if b and self.entries[slot].method == "draft"]
-        self.width.observe(len(rows), max(len(r) for r in rows), target_seconds, len(drafting),
+        self.width.observe(sum(len(r) for r in rows), target_seconds, len(drafting),
                            max(drafting, default=0), model_seconds)
         events = []
         for slot, budget, proposal, drafted_in in zip(ready, budgets, proposals, draft_seconds):

@@ -78,12 +78,16 @@ class BatchKVCache:
         self._pass = (n, index, max(ends))
         return max(ends)
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the pass's valid rows of k, v [n, heads, T, head_dim] (padding rows are not
-        written) and return the keys/values of slots [0, n) up to the pass's last position."""
-        n, (slot, row, pos), end = self._pass
-        self.keys[layer][slot, :, pos] = k[slot, :, row]
-        self.values[layer][slot, :, pos] = v[slot, :, row]
+    def pass_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The pass's new entries, slot by slot: their slots, rows within the slot and positions."""
+        return self._pass[1]
+
+    def update_rows(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the pass's new entries k, v [entries, heads, head_dim] (in pass_rows order) and
+        return the keys/values of slots [0, n) up to the pass's last position."""
+        n, (slot, _, pos), end = self._pass
+        self.keys[layer][slot, :, pos] = k
+        self.values[layer][slot, :, pos] = v
         return self.keys[layer][:n, :, :end], self.values[layer][:n, :, :end]
 
     def end_pass(self, n_new: list[int]) -> None:

@@ -237,12 +237,15 @@ def test_attend_counted_gives_each_row_its_own_bits_beside_other_sequences(heads
     nh, nkv, hd = heads
     g = torch.Generator().manual_seed(1)
     for dtype in (torch.bfloat16, torch.float32):
-        for base, T in (([3, 450, 17, 200, 64, 1000], 1), ([30, 511, 95], 4)):
-            counts = tuple(tuple(b + t + 1 for t in range(T)) for b in base)
+        for base, widths in (([3, 450, 17, 200, 64, 1000], [1] * 6), ([30, 511, 95], [4] * 3),
+                             ([30, 511, 95, 7], [1, 5, 2, 1])):  # ragged: a slot's padding rows stay zero
+            counts = tuple(tuple(b + t + 1 for t in range(w)) for b, w in zip(base, widths))
+            T = max(widths)
             q = torch.randn(len(base), nh, T, hd, generator=g).to(dtype)
             k, v = (torch.randn(len(base), nkv, max(base) + T + 3, hd, generator=g).to(dtype) for _ in range(2))
             together = attend_counted(q, k, v, counts)
             for b in range(len(base)):
+                assert not together[b, :, widths[b]:].any()
                 for t, c in enumerate(counts[b]):
                     alone = exact_attend_row(q[b:b + 1, :, t:t + 1], k[b:b + 1, :, :c], v[b:b + 1, :, :c])
                     assert torch.equal(together[b:b + 1, :, t:t + 1], alone), (dtype, b, t)

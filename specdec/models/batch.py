@@ -39,55 +39,72 @@ def attend_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
 
 
 def _attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-               cache: BatchKVCache, layer: int, exact_rows: ExactRows | None, exact: bool) -> torch.Tensor:
-    T = x.shape[1]
-    q, k, v = attn.rotated_qkv(x, cos, sin, exact)
-    k, v = cache.update(layer, k, v)
+               cache: BatchKVCache, layer: int, exact_rows: ExactRows | None, exact: bool,
+               rows: tuple[torch.Tensor, torch.Tensor], shape: tuple[int, int]) -> torch.Tensor:
+    """Attention for the packed rows x [1, R, d]: their queries are spread into the padded
+    [n, heads, T, head_dim] layout (rows = (slot, row) of each packed row, shape = (n, T)),
+    attend there, and come back packed."""
+    q, k, v = attn.rotated_qkv(x, cos, sin, exact)  # [1, heads, R, head_dim]
+    k, v = cache.update_rows(layer, k[0].transpose(0, 1), v[0].transpose(0, 1))
+    slot, row = rows
+    n, T = shape
+    full = slot.numel() == n * T  # every slot as wide as the widest: packed is padded (a view)
+    if full:
+        queries = q[0].view(q.shape[1], n, T, q.shape[3]).transpose(0, 1)
+    else:
+        queries = q.new_zeros(n, q.shape[1], T, q.shape[3])  # padding rows: zeros, never read
+        queries[slot, :, row] = q[0].transpose(0, 1)
     gqa = attn.nkv != attn.nh
-    if exact_rows is None and T <= SMALL_PASS_ROWS:
-        y = attend_masked(q, k, v, mask)
+    if exact_rows is None and shape[1] <= SMALL_PASS_ROWS:
+        y = attend_masked(queries, k, v, mask)
     elif exact_rows is None:
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        y = F.scaled_dot_product_attention(queries, k, v, attn_mask=mask, enable_gqa=gqa)
     else:
         shared, alone, counts = exact_rows
         if not shared:  # every slot exact (no copy of the cache)
-            return attn.output(attend_counted(q, k, v, counts), exact)
-        y = torch.zeros_like(q)
-        idx = torch.tensor(shared, device=q.device)
-        y[idx] = F.scaled_dot_product_attention(q[idx], k[idx], v[idx], attn_mask=mask[idx], enable_gqa=gqa)
-        idx = torch.tensor(alone, device=q.device)
-        y[idx] = attend_counted(q[idx], k[idx], v[idx], counts)
-    return attn.output(y, exact)
+            y = attend_counted(queries, k, v, counts)
+        else:
+            y = torch.zeros_like(queries)
+            idx = torch.tensor(shared, device=q.device)
+            y[idx] = F.scaled_dot_product_attention(queries[idx], k[idx], v[idx], attn_mask=mask[idx], enable_gqa=gqa)
+            idx = torch.tensor(alone, device=q.device)
+            y[idx] = attend_counted(queries[idx], k[idx], v[idx], counts)
+    y = y.transpose(0, 1).reshape(y.shape[1], n * T, y.shape[3]) if full else y[slot, :, row].transpose(0, 1)
+    return attn.output(y[None], exact)
 
 
 def batch_forward(model: LlamaModel, ids: list[list[int]], cache: BatchKVCache,
                   exact: list[bool] | None = None) -> torch.Tensor:
-    """Append ids[b] to slot b of the cache for b in [0, len(ids)) in one pass; return logits
-    [len(ids), T, V], T the longest row list (row t of slot b is valid for t < len(ids[b])).
-    exact[b]: slot b's rows are computed as 1-token passes would compute them."""
+    """Append ids[b] to slot b of the cache for b in [0, len(ids)) in one pass; return the
+    logits of every row, packed: [sum of len(ids[b]), V], slot b's after slot b-1's.
+    exact[b]: slot b's rows are computed as 1-token passes would compute them.
+
+    Rows are packed (no padding) through the projections, which cost by the row, and padded
+    to the widest slot only inside attention (cheap there: a few zero query rows): a slot
+    verifying no drafts does not pay for another's 8."""
     n, widths = len(ids), [len(r) for r in ids]
     T, device = max(widths), model.device
     starts = torch.tensor(cache.lengths[:n], device=device)
     end = cache.begin_pass(widths)
-    padded = torch.zeros(n, T, dtype=torch.long, device=device)
-    for b, row in enumerate(ids):
-        padded[b, :len(row)] = torch.tensor(row, dtype=torch.long)
-    positions = starts[:, None] + torch.arange(T, device=device)  # padding rows: finite, never read
-    cos, sin = model.rope(positions, model.dtype, device)
+    slot, row, pos = cache.pass_rows()
+    flat = torch.tensor([token for r in ids for token in r], dtype=torch.long, device=device)
+    cos, sin = model.rope(pos[None], model.dtype, device)
+    positions = starts[:, None] + torch.arange(T, device=device)  # padded: padding rows finite, never read
     mask = (torch.arange(end, device=device) <= positions[:, :, None])[:, None]  # [n, 1, T, end]
     any_exact = exact is not None and any(exact)
     exact_rows = None
     if any_exact:
         alone = [b for b in range(n) if exact[b]]
-        # row t of slot b sees the slot's keys and rows up to t (padding rows: as its last row)
-        counts = tuple(tuple(max(1, cache.lengths[b] + min(t, widths[b] - 1) + 1) for t in range(T)) for b in alone)
+        # row t of slot b sees the slot's keys and its rows up to t
+        counts = tuple(tuple(cache.lengths[b] + t + 1 for t in range(widths[b])) for b in alone)
         exact_rows = ([b for b in range(n) if not exact[b]], alone, counts)
-    x = model.model.embed_tokens(padded)
+    x = model.model.embed_tokens(flat)[None]  # [1, R, d]
     for i, layer in enumerate(model.model.layers):
-        x = x + _attention(layer.self_attn, layer.input_layernorm(x), cos, sin, mask, cache, i, exact_rows, any_exact)
+        x = x + _attention(layer.self_attn, layer.input_layernorm(x), cos, sin, mask, cache, i, exact_rows, any_exact,
+                           (slot, row), (n, T))
         x = x + layer.mlp(layer.post_attention_layernorm(x), any_exact)
     cache.end_pass(widths)
-    return project(model.lm_head, model.model.norm(x), any_exact)
+    return project(model.lm_head, model.model.norm(x), any_exact)[0]
 
 
 class BatchRunner:
@@ -110,7 +127,7 @@ class BatchRunner:
     def extend(self, ids: list[list[int]], exact: list[bool] | None = None) -> list[torch.Tensor]:
         """One pass over slots [0, len(ids)); per slot the logits [len(ids[b]), V] of its rows."""
         logits = batch_forward(self.model, ids, self.cache, exact)
-        return [logits[b, :len(row)] for b, row in enumerate(ids)]
+        return list(logits.split([len(row) for row in ids]))
 
     @torch.inference_mode()
     def extend_slot(self, slot: int, ids: list[int], exact: bool = False,

@@ -131,10 +131,10 @@ def _rows_batch_alike(nh: int, nkv: int, hd: int, dtype: torch.dtype, device: to
         g = torch.Generator(device=device).manual_seed(0)
         ok = True
         for counts in ([[1], [17], [300], [45], [1000], [16], [64]], [[513, 514, 515], [200, 201, 202], [7, 8, 9]],
-                       [[30 + t for t in range(9)]], [[33], [32]]):
-            B, T = len(counts), len(counts[0])
+                       [[30 + t for t in range(9)]], [[33], [32]], [[90, 91], [400], [12, 13, 14], [5]]):
+            B, T, L = len(counts), max(map(len, counts)), max(map(max, counts))
             q, k, v = (torch.randn(B, heads, length, hd, generator=g, device=device, dtype=dtype)
-                       for heads, length in ((nh, T), (nkv, max(map(max, counts))), (nkv, max(map(max, counts)))))
+                       for heads, length in ((nh, T), (nkv, L), (nkv, L)))
             together = _attend_together(q, k, v, tuple(map(tuple, counts)))
             for b, row in enumerate(counts):
                 for t, c in enumerate(row):
@@ -146,24 +146,36 @@ def _rows_batch_alike(nh: int, nkv: int, hd: int, dtype: torch.dtype, device: to
 
 def _attend_together(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Counts) -> torch.Tensor:
     """attend_counted with every sequence's keys padded to the longest: one sequence's rows in
-    one call (its keys copied per row), several sequences in one call per row index (no
-    copies: measured here, 4 sequences x 4 rows over ~450 keys, a SmolLM2 pass took 31 ms
-    this way and 36-42 ms copying)."""
-    P = _blocks(max(map(max, counts)))
+    one call (its keys copied per row), several sequences in one call per row index over the
+    range of sequences that have that row (a view of the keys, never a copy: measured here,
+    4 sequences x 4 rows over ~450 keys, a SmolLM2 pass took 31 ms this way and 36-42 ms
+    copying; a copy of the keys of the sequences that have row t took 38 ms where the range
+    took 29). Rows past a sequence's counts are left zero."""
+    P = _blocks(max(c for row in counts for c in row))
     kp, vp = padded_keys(k, P), padded_keys(v, P)
     B, _, T, _ = q.shape
-    if B == 1 or T == 1:
+    if all(len(row) == T for row in counts) and (B == 1 or T == 1):
         return _attend_padded(q, kp, vp, counts)
-    return torch.cat([_attend_padded(q[:, :, t:t + 1], kp, vp, tuple((row[t],) for row in counts))
-                      for t in range(T)], 2)
+    out = torch.zeros_like(q)
+    for t in range(T):
+        live = [b for b, row in enumerate(counts) if len(row) > t]
+        if not live:
+            continue
+        lo, hi = live[0], live[-1] + 1  # the sequences between without row t: computed, then zeroed
+        seen = tuple((counts[b][min(t, len(counts[b]) - 1)] if counts[b] else 1,) for b in range(lo, hi))
+        out[lo:hi, :, t:t + 1] = _attend_padded(q[lo:hi, :, t:t + 1], kp[lo:hi], vp[lo:hi], seen)
+        for b in range(lo, hi):
+            if len(counts[b]) <= t:
+                out[b, :, t] = 0
+    return out
 
 
 def attend_counted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Counts) -> torch.Tensor:
     """Rows q [B, nh, T, hd] over k, v [B, nkv, L, hd] (any dtype), row t of sequence b seeing
     the first counts[b][t] keys: each row gets the bits of exact_attend_row over exactly its
-    keys. All sequences and rows in one call (up to ROW_CHUNK rows: each row copies the keys)
-    where that is checked to hold here (_rows_batch_alike), else one call per row with
-    exact_attend_row's own shapes."""
+    keys (rows t >= len(counts[b]) are padding: left zero). The sequences attend together
+    (_attend_together, up to ROW_CHUNK rows at a time) where that is checked to give the same
+    bits here (_rows_batch_alike), else one call per row with exact_attend_row's own shapes."""
     B, nh, T, hd = q.shape
     if _rows_batch_alike(nh, k.shape[1], hd, q.dtype, q.device):
         if T <= ROW_CHUNK:
@@ -171,9 +183,9 @@ def attend_counted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Co
         chunks = range(0, T, ROW_CHUNK)
         return torch.cat([_attend_together(q[:, :, t:t + ROW_CHUNK], k, v, tuple(r[t:t + ROW_CHUNK] for r in counts))
                           for t in chunks], 2)
-    P = _blocks(max(map(max, counts)))
+    P = _blocks(max(c for row in counts for c in row))
     kp, vp = padded_keys(k, P), padded_keys(v, P)  # converted once; each row's view: keys past its count get p = 0
-    out = torch.empty_like(q)
+    out = torch.zeros_like(q)
     for b in range(B):
         for t, c in enumerate(counts[b]):
             own = _blocks(c)
