@@ -2,9 +2,10 @@
 each in its own KV-cache slot with its own positions and its own number of new tokens.
 
 Decoding is bound by reading the weights, so one pass over the rows of B sequences costs far
-less than B passes. Rows are padded to the widest slot; a mask keeps every row to its own
-slot's keys (one slot per batch row of the cache) and to its causal prefix, and padding rows
-are never written to the cache. In exact mode every row attends over exactly its keys as
+less than B passes. Rows are packed through the projections (a slot with one row pays for one)
+and padded to the widest slot inside attention, where a mask keeps every row to its own
+slot's keys (one slot per batch row of the cache) and to its causal prefix; padding rows are
+never written to the cache. In exact mode every row attends over exactly its keys as
 exact.exact_attend_row defines it, all slots in one call (exact.attend_counted), and every
 projection is row-invariant, so each row gets the bits a 1-token single-sequence pass in exact
 mode gives it, whatever else is in the batch."""
@@ -80,8 +81,8 @@ def batch_forward(model: LlamaModel, ids: list[list[int]], cache: BatchKVCache,
     exact[b]: slot b's rows are computed as 1-token passes would compute them.
 
     Rows are packed (no padding) through the projections, which cost by the row, and padded
-    to the widest slot only inside attention (cheap there: a few zero query rows): a slot
-    verifying no drafts does not pay for another's 8."""
+    to the widest slot only inside attention: a slot verifying no drafts does not pay the
+    projections for another's 8."""
     n, widths = len(ids), [len(r) for r in ids]
     T, device = max(widths), model.device
     starts = torch.tensor(cache.lengths[:n], device=device)
