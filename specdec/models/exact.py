@@ -137,7 +137,8 @@ def _rows_batch_alike(nh: int, nkv: int, hd: int, dtype: torch.dtype, device: to
             B, T, L = len(counts), max(map(len, counts)), max(map(max, counts))
             q, k, v = (torch.randn(B, heads, length, hd, generator=g, device=device, dtype=dtype)
                        for heads, length in ((nh, T), (nkv, L), (nkv, L)))
-            together = _attend_together(q, k, v, tuple(map(tuple, counts)))
+            P = _blocks(L)
+            together = _attend_together(q, padded_keys(k, P), padded_keys(v, P), tuple(map(tuple, counts)))
             for b, row in enumerate(counts):
                 for t, c in enumerate(row):
                     alone = exact_attend_row(q[b:b + 1, :, t:t + 1], k[b:b + 1, :, :c], v[b:b + 1, :, :c])
@@ -146,15 +147,13 @@ def _rows_batch_alike(nh: int, nkv: int, hd: int, dtype: torch.dtype, device: to
     return _batch_ok[key]
 
 
-def _attend_together(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Counts) -> torch.Tensor:
-    """attend_counted with every sequence's keys padded to the longest: one sequence's rows in
+def _attend_together(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, counts: Counts) -> torch.Tensor:
+    """attend_counted over keys kp, vp already padded (padded_keys) to the longest: one sequence's rows in
     one call (its keys copied per row), several sequences in one call per row index over the
     range of sequences that have that row (a view of the keys, never a copy: measured here,
     4 sequences x 4 rows over ~450 keys, a SmolLM2 pass took 31 ms this way and 36-42 ms
     copying; a copy of the keys of the sequences that have row t took 38 ms where the range
     took 29). Rows past a sequence's counts are left zero."""
-    P = _blocks(max(c for row in counts for c in row))
-    kp, vp = padded_keys(k, P), padded_keys(v, P)
     B, _, T, _ = q.shape
     if all(len(row) == T for row in counts) and (B == 1 or T == 1):
         return _attend_padded(q, kp, vp, counts)
@@ -179,15 +178,15 @@ def attend_counted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Co
     (_attend_together, up to ROW_CHUNK rows at a time) where that is checked to give the same
     bits here (_rows_batch_alike), else one call per row with exact_attend_row's own shapes."""
     B, nh, T, hd = q.shape
+    P = _blocks(max(c for row in counts for c in row))
+    kp, vp = padded_keys(k, P), padded_keys(v, P)  # converted once for every row and chunk
     if _rows_batch_alike(nh, k.shape[1], hd, q.dtype, q.device):
         if T <= ROW_CHUNK:
-            return _attend_together(q, k, v, counts)
+            return _attend_together(q, kp, vp, counts)
         chunks = range(0, T, ROW_CHUNK)
-        return torch.cat([_attend_together(q[:, :, t:t + ROW_CHUNK], k, v, tuple(r[t:t + ROW_CHUNK] for r in counts))
+        return torch.cat([_attend_together(q[:, :, t:t + ROW_CHUNK], kp, vp, tuple(r[t:t + ROW_CHUNK] for r in counts))
                           for t in chunks], 2)
-    P = _blocks(max(c for row in counts for c in row))
-    kp, vp = padded_keys(k, P), padded_keys(v, P)  # converted once; each row's view: keys past its count get p = 0
-    out = torch.zeros_like(q)
+    out = torch.zeros_like(q)  # one call per row over its own padded keys (a view: keys past its count get p = 0)
     for b in range(B):
         for t, c in enumerate(counts[b]):
             own = _blocks(c)
