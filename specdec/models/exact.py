@@ -14,6 +14,7 @@ row count, partial products summed in float32 in a fixed order, and passes narro
 minimum padded."""
 from __future__ import annotations
 
+import threading
 import warnings
 from functools import lru_cache, partial
 
@@ -42,32 +43,50 @@ def attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     return out.to(q.dtype)
 
 
-KEY_BLOCK = 16  # exact mode zero-pads keys to a multiple of this: see exact_attend_row
+KEY_BLOCK = 16  # exact mode zero-pads keys to a multiple of this: see key_length
 
 
-def _blocks(n: int) -> int:
+def key_length(n: int) -> int:
+    """The number of key positions exact mode attends over for n keys (padded with zeros and
+    masked): see exact_attend_row."""
     return -(-n // KEY_BLOCK) * KEY_BLOCK
 
 
-def padded_keys(t: torch.Tensor, length: int) -> torch.Tensor:
+_scratch = threading.local()  # per thread: the float32 buffers padded_keys reuses, by name
+
+
+def padded_keys(t: torch.Tensor, length: int, buffer: str) -> torch.Tensor:
     """t [B, nkv, L, hd] in at least float32 with exactly `length` key positions: cut, or
-    padded with zeros (padded keys are masked, but their values must be finite)."""
+    padded with zeros (padded keys are masked, but their values must be finite). Written into
+    this thread's buffer of that name, valid until the next call with the name. Why: measured
+    here, allocating the converted keys and values anew in every layer (8 MB each for 16
+    sequences of 650 keys) made the allocator give the memory back and fault it in again,
+    ~4,000 page faults a layer and a 16-sequence step 4x slower."""
     dtype = torch.promote_types(t.dtype, torch.float32)
-    if t.shape[2] >= length:
-        return t[:, :, :length].to(dtype)
-    out = t.new_empty(*t.shape[:2], length, t.shape[3], dtype=dtype)
-    out[:, :, :t.shape[2]] = t
-    out[:, :, t.shape[2]:] = 0
+    shape = (t.shape[0], t.shape[1], length, t.shape[3])
+    numel = shape[0] * shape[1] * length * shape[3]
+    store = _scratch.__dict__.get(buffer)
+    if store is None or store.numel() < numel or store.dtype != dtype or store.device != t.device:
+        with torch.inference_mode(False):  # a normal tensor: writable in and out of inference mode
+            store = _scratch.__dict__[buffer] = torch.empty(numel + numel // 2, dtype=dtype, device=t.device)
+    out = store[:numel].view(shape)
+    kept = min(length, t.shape[2])
+    out[:, :, :kept] = t[:, :, :kept]
+    out[:, :, kept:] = 0
     return out
 
 
 Counts = tuple[tuple[int, ...], ...]  # counts[b][t]: row t of sequence b sees keys [0, counts[b][t])
 
 
+MIN_ROWS = 4  # exact mode's attention matmuls take at least this many query rows: see _attend_padded
+
+
 @lru_cache(maxsize=8)
-def _hiding(counts: Counts | int, nkv: int, P: int, device: torch.device) -> torch.Tensor:
-    """The scores' bias, 0 for the keys a row sees and -inf after: [B * nkv * T, 1, P] for
-    counts per row, [P] for one count. Built once per pass, shared by its layers."""
+def _hiding(counts: Counts | int, nkv: int, G: int, P: int, device: torch.device) -> torch.Tensor:
+    """The scores' bias, 0 for the keys a row sees and -inf after: [B * nkv, max(T * G,
+    MIN_ROWS), P] for counts per row (padding rows see every key), [P] for one count. Built
+    once per pass, shared by its layers."""
     if isinstance(counts, int):
         bias = torch.zeros(P, device=device)
         bias[counts:] = float("-inf")
@@ -75,29 +94,51 @@ def _hiding(counts: Counts | int, nkv: int, P: int, device: torch.device) -> tor
     B, T = len(counts), len(counts[0])
     hidden = torch.arange(P, device=device) >= torch.tensor(counts, device=device).view(B, 1, T, 1, 1)
     bias = torch.zeros(hidden.shape, device=device).masked_fill_(hidden, float("-inf"))
-    return bias.expand(B, nkv, T, 1, P).reshape(B * nkv * T, 1, P)
+    bias = bias.expand(B, nkv, T, G, P).reshape(B * nkv, T * G, P)
+    if T * G < MIN_ROWS:
+        bias = torch.cat([bias, bias.new_zeros(B * nkv, MIN_ROWS - T * G, P)], 1)
+    return bias
 
 
-def _attend_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Counts | int) -> torch.Tensor:
+def _attend_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Counts | int,
+                   spans: list[tuple[int, int]] | None = None) -> torch.Tensor:
     """Rows q [B, nh, T, hd] over k, v [B, nkv, P, hd] (float32, P a multiple of KEY_BLOCK),
-    row t of sequence b seeing keys [0, counts[b][t]) (an int: every row that many). Each row
-    is its own matmul of the nh / nkv query heads sharing a kv head: the rows go into the
-    batch dimension, with the keys copied once per row (cheaper here than a matmul per row),
-    and the scores are scaled and masked inside the matmul (baddbmm: fewer passes over them)."""
+    row t of sequence b seeing keys [0, counts[b][t]) (an int: every row that many); spans[t]:
+    the range of sequences whose row t is wanted (the others are left zero; default: all).
+
+    Why this form (measured here): a float32 matmul's row gets the same bits whatever the
+    other rows hold, and for every row count from MIN_ROWS up (4 to 1,200 checked), but other
+    bits under it. For the scores, a reduction over the head size, that is all: every query
+    row that shares a kv head (its nh / nkv heads at each of the T positions) goes into one
+    matmul over that head's keys, which are read once, with fewer rows padded up to MIN_ROWS;
+    they are scaled and masked inside it (baddbmm: fewer passes over them). The weighted sum
+    reduces over the keys, and with 4 rows or more its kernels round differently when zeros
+    are appended to a key count in 208..368; with the nh / nkv rows of one position (3 for
+    SmolLM2) they do not, so it runs per position."""
     B, nh, T, hd = q.shape
     nkv, P = k.shape[1], k.shape[2]
-    G, n = nh // nkv, B * nkv * T
-    if T == 1:  # the same tensors with fewer view ops (plain decoding's path: ~30 layers a token)
-        rows, k, v = q.reshape(n, G, hd), k.reshape(n, P, hd), v.reshape(n, P, hd)
+    G, n = nh // nkv, B * nkv
+    if T == 1:  # plain decoding's path (~30 layers a token): fewer view ops
+        rows = q.reshape(n, G, hd).to(k.dtype)
     else:
-        rows = q.reshape(B, nkv, G, T, hd).transpose(2, 3).reshape(n, G, hd)
-        k, v = (t[:, :, None].expand(B, nkv, T, P, hd).reshape(n, P, hd) for t in (k, v))
-    bias = _hiding(counts, nkv, P, k.device).to(k.dtype)
-    scores = torch.baddbmm(bias, rows.to(k.dtype), k.transpose(1, 2), alpha=hd ** -0.5)  # [n, G, P]
-    out = torch.bmm(scores.softmax(-1), v)  # [n, G, hd]
+        rows = q.reshape(B, nkv, G, T, hd).transpose(2, 3).reshape(n, T * G, hd).to(k.dtype)
+    if T * G < MIN_ROWS:
+        rows = F.pad(rows, (0, 0, 0, MIN_ROWS - T * G))
+    bias = _hiding(counts, nkv, G, P, k.device).to(k.dtype)
+    k, v = k.reshape(n, P, hd), v.reshape(n, P, hd)  # views: the keys are not copied
+    probs = torch.baddbmm(bias, rows, k.transpose(1, 2), alpha=hd ** -0.5).softmax(-1)  # [n, rows, P]
     if T == 1:
-        return out.view(B, nh, 1, hd).to(q.dtype)
-    return out.view(B, nkv, T, G, hd).transpose(2, 3).reshape(B, nh, T, hd).to(q.dtype)
+        return torch.bmm(probs[:, :G], v).view(B, nh, 1, hd).to(q.dtype)
+    if spans is None:
+        out = probs.new_empty(T, n, G, hd)
+        for t in range(T):
+            torch.bmm(probs[:, t * G:(t + 1) * G], v, out=out[t])
+    else:
+        out = probs.new_zeros(T, n, G, hd)
+        for t, (lo, hi) in enumerate(spans):
+            lo, hi = lo * nkv, hi * nkv
+            torch.bmm(probs[lo:hi, t * G:(t + 1) * G], v[lo:hi], out=out[t, lo:hi])
+    return out.view(T, B, nkv, G, hd).permute(1, 2, 3, 0, 4).reshape(B, nh, T, hd).to(q.dtype)
 
 
 def exact_attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -107,17 +148,17 @@ def exact_attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     Why this form: no fused kernel here gives a row the same bits inside such a batch (SDPA
     blocks its reduction by the key count; matmuls choose kernels by the number of rows, and
     by key counts that are not a multiple of 16: measured). So the keys are zero-padded to a
-    multiple of KEY_BLOCK and masked, the query heads sharing a kv head are the rows of one
-    matmul (always nh / nkv of them), and softmax and the weighted sum see only exact zeros
+    multiple of KEY_BLOCK and masked, the rows go into matmuls whose row counts keep them in
+    one kernel class (_attend_padded), and softmax and the weighted sum see only exact zeros
     where a batch adds keys; attend_counted checks at first use that this holds here. Cost
-    here (9 heads over 3 kv heads, bf16 cache of 200 keys, 2 threads, one process): ~41 us,
-    attend_row's 26."""
+    here (9 heads over 3 kv heads, bf16 cache of 300 keys, 2 threads, one process): ~54 us,
+    the previous form's (3 rows, no padding row) 47; for 4 sequences x 4 rows over ~450 keys
+    attend_counted takes 291 us, the previous form's call per row index 446."""
     L = k.shape[2]
-    P = _blocks(L)
-    return _attend_padded(q, padded_keys(k, P), padded_keys(v, P), L)
+    P = key_length(L)
+    return _attend_padded(q, padded_keys(k, P, "keys"), padded_keys(v, P, "values"), L)
 
 
-ROW_CHUNK = 16
 _batch_ok: dict[tuple, bool] = {}  # by heads, head size, dtype and threads
 
 
@@ -137,8 +178,9 @@ def _rows_batch_alike(nh: int, nkv: int, hd: int, dtype: torch.dtype, device: to
             B, T, L = len(counts), max(map(len, counts)), max(map(max, counts))
             q, k, v = (torch.randn(B, heads, length, hd, generator=g, device=device, dtype=dtype)
                        for heads, length in ((nh, T), (nkv, L), (nkv, L)))
-            P = _blocks(L)
-            together = _attend_together(q, padded_keys(k, P), padded_keys(v, P), tuple(map(tuple, counts)))
+            P = key_length(L)
+            together = _attend_together(q, padded_keys(k, P, "keys"), padded_keys(v, P, "values"),
+                                        tuple(map(tuple, counts)))
             for b, row in enumerate(counts):
                 for t, c in enumerate(row):
                     alone = exact_attend_row(q[b:b + 1, :, t:t + 1], k[b:b + 1, :, :c], v[b:b + 1, :, :c])
@@ -148,48 +190,49 @@ def _rows_batch_alike(nh: int, nkv: int, hd: int, dtype: torch.dtype, device: to
 
 
 def _attend_together(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, counts: Counts) -> torch.Tensor:
-    """attend_counted over keys kp, vp already padded (padded_keys) to the longest: one sequence's rows in
-    one call (its keys copied per row), several sequences in one call per row index over the
-    range of sequences that have that row (a view of the keys, never a copy: measured here,
-    4 sequences x 4 rows over ~450 keys, a SmolLM2 pass took 31 ms this way and 36-42 ms
-    copying; a copy of the keys of the sequences that have row t took 38 ms where the range
-    took 29). Rows past a sequence's counts are left zero."""
-    B, _, T, _ = q.shape
-    if all(len(row) == T for row in counts) and (B == 1 or T == 1):
+    """attend_counted over keys kp, vp already padded (padded_keys) to the longest: every
+    sequence's rows in one call, each sequence's keys read once (a view, never a copy).
+    A sequence with fewer rows than the widest gets padding rows that see its last row's keys;
+    they are left zero, and where no sequence after it has the row, its weighted sum is not
+    computed."""
+    T = q.shape[2]
+    if all(len(row) == T for row in counts):
         return _attend_padded(q, kp, vp, counts)
-    out = torch.zeros_like(q)
+    full = tuple(tuple(row) + (row[-1] if row else 1,) * (T - len(row)) for row in counts)
+    spans = []
     for t in range(T):
         live = [b for b, row in enumerate(counts) if len(row) > t]
-        if not live:
-            continue
-        lo, hi = live[0], live[-1] + 1  # the sequences between without row t: computed, then zeroed
-        seen = tuple((counts[b][min(t, len(counts[b]) - 1)] if counts[b] else 1,) for b in range(lo, hi))
-        out[lo:hi, :, t:t + 1] = _attend_padded(q[lo:hi, :, t:t + 1], kp[lo:hi], vp[lo:hi], seen)
-        for b in range(lo, hi):
-            if len(counts[b]) <= t:
-                out[b, :, t] = 0
+        spans.append((live[0], live[-1] + 1) if live else (0, 0))
+    out = _attend_padded(q, kp, vp, full, spans)
+    for b, row in enumerate(counts):
+        out[b, :, len(row):] = 0
     return out
+
+
+ROW_BUDGET = 1 << 22  # scores held at once by attend_counted, in elements (16 MiB of float32)
 
 
 def attend_counted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Counts) -> torch.Tensor:
     """Rows q [B, nh, T, hd] over k, v [B, nkv, L, hd] (any dtype), row t of sequence b seeing
     the first counts[b][t] keys: each row gets the bits of exact_attend_row over exactly its
     keys (rows t >= len(counts[b]) are padding: left zero). The sequences attend together
-    (_attend_together, up to ROW_CHUNK rows at a time) where that is checked to give the same
-    bits here (_rows_batch_alike), else one call per row with exact_attend_row's own shapes."""
+    (_attend_together, as many rows at a time as ROW_BUDGET allows) where that is checked to
+    give the same bits here (_rows_batch_alike), else one call per row with exact_attend_row's
+    own shapes."""
     B, nh, T, hd = q.shape
-    P = _blocks(max(c for row in counts for c in row))
-    kp, vp = padded_keys(k, P), padded_keys(v, P)  # converted once for every row and chunk
-    if _rows_batch_alike(nh, k.shape[1], hd, q.dtype, q.device):
-        if T <= ROW_CHUNK:
+    P = key_length(max(c for row in counts for c in row))
+    together = _rows_batch_alike(nh, k.shape[1], hd, q.dtype, q.device)  # first: its check uses the buffers
+    kp, vp = padded_keys(k, P, "keys"), padded_keys(v, P, "values")  # converted once for every row and chunk
+    if together:
+        step = max(1, ROW_BUDGET // (B * nh * P))
+        if T <= step:
             return _attend_together(q, kp, vp, counts)
-        chunks = range(0, T, ROW_CHUNK)
-        return torch.cat([_attend_together(q[:, :, t:t + ROW_CHUNK], kp, vp, tuple(r[t:t + ROW_CHUNK] for r in counts))
-                          for t in chunks], 2)
+        return torch.cat([_attend_together(q[:, :, t:t + step], kp, vp, tuple(r[t:t + step] for r in counts))
+                          for t in range(0, T, step)], 2)
     out = torch.zeros_like(q)  # one call per row over its own padded keys (a view: keys past its count get p = 0)
     for b in range(B):
         for t, c in enumerate(counts[b]):
-            own = _blocks(c)
+            own = key_length(c)
             own_k, own_v = kp[b:b + 1, :, :own], vp[b:b + 1, :, :own]
             out[b:b + 1, :, t:t + 1] = _attend_padded(q[b:b + 1, :, t:t + 1], own_k, own_v, c)
     return out
