@@ -33,6 +33,10 @@ from specdec.serve_load import APIS, Endpoint, LevelReport, LoadSpec, run_level,
 LLAMA_CONFIGS = (*SPEC_ARGS, "draft")
 STARTUP_SECONDS = 900.0  # loading and calibrating a model, or writing a GGUF, can take minutes
 API_KEY_ENV = "OPENAI_API_KEY"
+# A level's wall time ends with a ramp-down, while the last requests run beside fewer than C
+# others; with speculation requests differ in speed (prompt lookup finds code, not prose), so
+# the ramp-down grows. Measured here (SmolLM2 bf16, ngram, C=4): see bench/README.md, stop 26.
+REQUESTS_PER_CLIENT = 4
 
 
 @dataclass
@@ -251,7 +255,7 @@ def measure(target: Target, prompts: list, spec: LoadSpec, args: argparse.Namesp
             log(f"  warm-up failed: {warm.error_samples[0]}")
     reports = []
     for c in args.concurrency_levels:
-        n = args.requests or max(2 * c, len(prompts))
+        n = args.requests or max(REQUESTS_PER_CLIENT * c, len(prompts))
         report, _ = run_level(endpoint, prompts, spec, c, n, target.name)
         log(f"  {target.name} C={c}: {report.tokens_per_second:.1f} tok/s, {report.completed}/{report.requests} ok")
         reports.append(report)
@@ -367,7 +371,7 @@ def add_parser(sub) -> None:
                    help="completions (text prompts; chat tasks rendered in --target's template) or chat (messages)")
     b.add_argument("--concurrency", default="1,4,16,32", help="comma-separated client counts (default 1,4,16,32)")
     b.add_argument("--requests", type=int, default=None,
-                   help="requests per level (default: max(2 x clients, number of prompts))")
+                   help=f"requests per level (default: max({REQUESTS_PER_CLIENT} x clients, number of prompts))")
     b.add_argument("--max-tokens", type=int, default=128, help="tokens per request (default 128)")
     b.add_argument("--no-ignore-eos", action="store_true",
                    help="let requests stop at EOS (default: ignore_eos, so every request makes --max-tokens)")
