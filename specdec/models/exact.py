@@ -193,8 +193,8 @@ def _attend_together(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, counts
     """attend_counted over keys kp, vp already padded (padded_keys) to the longest: every
     sequence's rows in one call, each sequence's keys read once (a view, never a copy).
     A sequence with fewer rows than the widest gets padding rows that see its last row's keys;
-    they are left zero, and where no sequence after it has the row, its weighted sum is not
-    computed."""
+    they are left zero, and each position's weighted sum runs only over the range of sequences
+    that have that position (from the first to the last of them)."""
     T = q.shape[2]
     if all(len(row) == T for row in counts):
         return _attend_padded(q, kp, vp, counts)
