@@ -80,8 +80,9 @@ class BatchDraftLength:
         n, upper = len(limits), min(max(limits, default=0), max_k)
         if upper <= 0:
             return 0
-        if self.target.estimate(n) is None:
-            return 0 if n not in self.target.seconds else min(self.probe_k, upper)  # measure two sizes first
+        probe = min(self.probe_k, upper)
+        if self.target.estimate(n) is None or self.cost(limits, probe, drafting) is None:
+            return 0 if n not in self.target.seconds else probe  # measure two sizes first
 
         def rate(k: int) -> float:
             return sum(e(min(k, lim)) for e, lim in zip(expected, limits)) / self.cost(limits, k, drafting)
@@ -93,7 +94,7 @@ class BatchDraftLength:
         self.plain_streak += 1
         if self.plain_streak >= self.probe_every:
             self.plain_streak = 0
-            return min(self.probe_k, upper)
+            return probe
         return 0
 
     def observe(self, rows: int, target_seconds: float, drafting: int = 0,

@@ -288,6 +288,21 @@ def test_batch_k_shrinks_as_verification_stops_being_free():
     assert CostTable({4: 1.0}).estimate(8) is None
 
 
+def test_uncalibrated_batch_k_measures_two_sizes_before_choosing():
+    """Without calibration the batch's K starts from nothing: plain steps until a plain pass is
+    timed (the first pass of a size only builds kernels), then probes until a second size is,
+    then chosen from the costs; never an estimate from one size."""
+    width = BatchDraftLength()
+    costs = {}  # rows -> seconds, as a memory-bound pass
+    picks = []
+    for _ in range(8):
+        k = width.choose([8] * 4, [lambda k: (1 - 0.7 ** (k + 1)) / 0.3] * 4, 7)
+        picks.append(k)
+        rows = 4 * (k + 1)
+        width.observe(rows, costs.setdefault(rows, 10e-3 + 0.1e-3 * rows))
+    assert picks[:4] == [0, 0, 2, 2] and min(picks[4:]) > 0, picks
+
+
 def test_adaptive_batch_k_keeps_greedy_output(model_dir, decoders):
     """Without a fixed K (the batch chooses it; calibrated at load), outputs are unchanged. The
     target drafts for itself here: every draft is accepted, so drafting pays and is chosen."""
