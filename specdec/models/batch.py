@@ -39,7 +39,7 @@ def attend_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     return out.view(B, nh, T, hd).to(q.dtype)
 
 
-def _attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+def _attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                cache: BatchKVCache, layer: int, exact_rows: ExactRows | None, exact: bool,
                rows: tuple[torch.Tensor, torch.Tensor], shape: tuple[int, int]) -> torch.Tensor:
     """Attention for the packed rows x [1, R, d]: their queries are spread into the padded
@@ -85,14 +85,16 @@ def batch_forward(model: LlamaModel, ids: list[list[int]], cache: BatchKVCache,
     projections for another's 8."""
     n, widths = len(ids), [len(r) for r in ids]
     T, device = max(widths), model.device
-    starts = torch.tensor(cache.lengths[:n], device=device)
     end = cache.begin_pass(widths)
     slot, row, pos = cache.pass_rows()
     flat = torch.tensor([token for r in ids for token in r], dtype=torch.long, device=device)
     cos, sin = model.rope(pos[None], model.dtype, device)
-    positions = starts[:, None] + torch.arange(T, device=device)  # padded: padding rows finite, never read
-    mask = (torch.arange(end, device=device) <= positions[:, :, None])[:, None]  # [n, 1, T, end]
     any_exact = exact is not None and any(exact)
+    mask = None  # only slots outside exact mode attend with it
+    if not any_exact or not all(exact):
+        starts = torch.tensor(cache.lengths[:n], device=device)
+        positions = starts[:, None] + torch.arange(T, device=device)  # padded: padding rows finite, never read
+        mask = (torch.arange(end, device=device) <= positions[:, :, None])[:, None]  # [n, 1, T, end]
     exact_rows = None
     if any_exact:
         alone = [b for b in range(n) if exact[b]]

@@ -101,7 +101,7 @@ def _hiding(counts: Counts | int, nkv: int, G: int, P: int, device: torch.device
 
 
 def _attend_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Counts | int,
-                   spans: list[tuple[int, int]] | None = None) -> torch.Tensor:
+                   spans: tuple[tuple[int, int], ...] | None = None) -> torch.Tensor:
     """Rows q [B, nh, T, hd] over k, v [B, nkv, P, hd] (float32, P a multiple of KEY_BLOCK),
     row t of sequence b seeing keys [0, counts[b][t]) (an int: every row that many); spans[t]:
     the range of sequences whose row t is wanted (the others are left zero; default: all).
@@ -189,6 +189,18 @@ def _rows_batch_alike(nh: int, nkv: int, hd: int, dtype: torch.dtype, device: to
     return _batch_ok[key]
 
 
+@lru_cache(maxsize=8)
+def _ragged(counts: Counts, T: int) -> tuple[Counts, tuple[tuple[int, int], ...]]:
+    """counts padded to T rows per sequence (a padding row sees its sequence's last row's keys),
+    and per position the range of sequences that have it. Once per pass, shared by its layers."""
+    full = tuple(tuple(row) + (row[-1] if row else 1,) * (T - len(row)) for row in counts)
+    spans = []
+    for t in range(T):
+        live = [b for b, row in enumerate(counts) if len(row) > t]
+        spans.append((live[0], live[-1] + 1) if live else (0, 0))
+    return full, tuple(spans)
+
+
 def _attend_together(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, counts: Counts) -> torch.Tensor:
     """attend_counted over keys kp, vp already padded (padded_keys) to the longest: every
     sequence's rows in one call, each sequence's keys read once (a view, never a copy).
@@ -198,11 +210,7 @@ def _attend_together(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, counts
     T = q.shape[2]
     if all(len(row) == T for row in counts):
         return _attend_padded(q, kp, vp, counts)
-    full = tuple(tuple(row) + (row[-1] if row else 1,) * (T - len(row)) for row in counts)
-    spans = []
-    for t in range(T):
-        live = [b for b, row in enumerate(counts) if len(row) > t]
-        spans.append((live[0], live[-1] + 1) if live else (0, 0))
+    full, spans = _ragged(counts, T)
     out = _attend_padded(q, kp, vp, full, spans)
     for b, row in enumerate(counts):
         out[b, :, len(row):] = 0
