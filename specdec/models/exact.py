@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from dataclasses import dataclass
 from functools import lru_cache, partial
 
 import torch
@@ -246,13 +247,113 @@ def attend_counted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Co
     return out
 
 
-def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_keys: list[int | torch.Tensor]) -> torch.Tensor:
-    """Exact mode's attention for the new rows q [B, nh, T, hd] over k, v: each row alone over
-    exactly the keys it may see, in cache order, with exact_attend_row's bits (plain decoding's
-    1-token pass at that position in exact mode). row_keys[i]: n = the first n cache positions, or the
-    positions (tree rows)."""
+@dataclass(frozen=True, eq=False)  # hashed by identity: one per pass, a cache key for its layout
+class TreeRows:
+    """A tree pass's new rows: row i sees the cache's first `past` keys and the new rows
+    seen[i] (bool [T, T], itself and its ancestors)."""
+    past: int
+    seen: torch.Tensor
+
+    def positions(self) -> list[torch.Tensor]:
+        """Per row, the cache positions it attends to, in cache order."""
+        prefix = torch.arange(self.past, device=self.seen.device)
+        return [torch.cat([prefix, self.past + row.nonzero()[:, 0]]) for row in self.seen]
+
+
+@lru_cache(maxsize=4)
+def _tree_layout(tree: TreeRows, G: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per query row (the G rows of each node alike, padding rows to MIN_ROWS as row 0), over
+    the pass's keys [cache + new rows, padded to key_length]: bias [R, P], 0 for the keys the
+    row sees and -inf for the others; order [R, P - past], the keys past the prefix that it
+    sees first, in cache order (as its own 1-token pass has them), then the others; back,
+    order's inverse. Built once per pass, shared by its layers."""
+    seen = tree.seen.to(torch.bool)
+    T, device = seen.shape[0], seen.device
+    P = key_length(tree.past + T)
+    visible = torch.ones(T, P, dtype=torch.bool, device=device)
+    visible[:, tree.past:tree.past + T] = seen
+    visible[:, tree.past + T:] = False
+    order = (torch.arange(P, device=device) + (~visible) * P).argsort(1)  # a stable order within each group
+    bias = torch.zeros(T, P, device=device).masked_fill_(~visible, float("-inf"))
+    rows = torch.arange(T, device=device).repeat_interleave(G)
+    if T * G < MIN_ROWS:
+        rows = torch.cat([rows, rows.new_zeros(MIN_ROWS - T * G)])
+    tail = order[:, tree.past:] - tree.past  # every row sees the prefix: only the rest moves
+    return bias[rows], tail[rows], tail.argsort(1)[rows]
+
+
+def attend_tree(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tree: TreeRows) -> torch.Tensor:
+    """Tree rows q [B, nh, T, hd] over the cache k, v [B, nkv, past + T, hd], each row seeing
+    the keys tree says, with exact_attend_row's bits over exactly those keys in cache order:
+    the keys are read once for all rows instead of gathered per row.
+
+    Why this form (measured here, float32 products): a score is the same bits wherever its
+    key lies among the keys (and for every row count from MIN_ROWS up), so all rows are scored
+    against all keys in one matmul, the keys a row does not see masked inside it; softmax is
+    not (its sum is blocked by position), so each row's scores are put in its own keys' order
+    (the hidden ones after them, as padding: only keys past the prefix move), softmaxed there,
+    and put back; the weighted sum of one node's nh / nkv rows (3 for SmolLM2) gets the same
+    bits when zero weights sit between its keys, so it runs per node over all the values (one
+    batched call per kv head, the values shared, not copied). _tree_alike checks at first use
+    that this holds for the shapes at hand."""
     B, nh, T, hd = q.shape
     nkv = k.shape[1]
+    G, n = nh // nkv, B * nkv
+    bias, order, back = _tree_layout(tree, G)
+    P = bias.shape[1]
+    kp, vp = padded_keys(k, P, "keys"), padded_keys(v, P, "values")
+    kp, vp = kp.reshape(n, P, hd), vp.reshape(n, P, hd)
+    rows = q.reshape(B, nkv, G, T, hd).transpose(2, 3).reshape(n, T * G, hd).to(kp.dtype)
+    if T * G < MIN_ROWS:
+        rows = F.pad(rows, (0, 0, 0, MIN_ROWS - T * G))
+    scores = torch.baddbmm(bias.to(kp.dtype), rows, kp.transpose(1, 2), alpha=hd ** -0.5)
+    past = P - order.shape[1]
+    scores[:, :, past:] = scores[:, :, past:].gather(2, order.expand(n, -1, -1))  # each row's own order
+    probs = scores.softmax(-1)
+    probs[:, :, past:] = probs[:, :, past:].gather(2, back.expand(n, -1, -1))  # back in cache order
+    probs = probs[:, :T * G].view(n, T, G, P)
+    out = torch.stack([torch.bmm(probs[i], vp[i].expand(T, P, hd)) for i in range(n)])  # [n, T, G, hd]
+    return out.view(B, nkv, T, G, hd).transpose(2, 3).reshape(B, nh, T, hd).to(q.dtype)
+
+
+_tree_ok: dict[tuple, bool] = {}  # by heads, head size, dtype and threads
+
+
+def _tree_alike(nh: int, nkv: int, hd: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether attend_tree gives every row exact_attend_row's bits here for these shapes
+    (checked once per shape, dtype and thread count on random trees and prefix lengths)."""
+    dtype = torch.promote_types(dtype, torch.float32)
+    key = (nh, nkv, hd, dtype, device.type, torch.get_num_threads())
+    if key not in _tree_ok:
+        g = torch.Generator(device=device).manual_seed(0)
+        ok = True
+        for past, T in ((5, 3), (200, 11), (331, 13), (1000, 17), (17, 5), (64, 33)):
+            # any rows seeing any earlier ones (trees are a case of it), each itself
+            seen = (torch.rand(T, T, generator=g, device=device) < 0.5).tril() | torch.eye(T, dtype=torch.bool,
+                                                                                         device=device)
+            q = torch.randn(1, nh, T, hd, generator=g, device=device, dtype=dtype)
+            k, v = (torch.randn(1, nkv, past + T, hd, generator=g, device=device, dtype=dtype) for _ in range(2))
+            tree = TreeRows(past, seen)
+            together = attend_tree(q, k, v, tree)
+            for i, keys in enumerate(tree.positions()):
+                alone = exact_attend_row(q[:, :, i:i + 1], k[:, :, keys], v[:, :, keys])
+                ok = ok and torch.equal(together[:, :, i:i + 1], alone)
+        _tree_ok[key] = ok
+    return _tree_ok[key]
+
+
+def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                row_keys: list[int | torch.Tensor] | TreeRows) -> torch.Tensor:
+    """Exact mode's attention for the new rows q [B, nh, T, hd] over k, v: each row alone over
+    exactly the keys it may see, in cache order, with exact_attend_row's bits (plain decoding's
+    1-token pass at that position in exact mode). row_keys: a tree pass's TreeRows, or per
+    row n = the first n cache positions, or the positions."""
+    B, nh, T, hd = q.shape
+    nkv = k.shape[1]
+    if isinstance(row_keys, TreeRows):
+        if _tree_alike(nh, nkv, hd, q.dtype, q.device):  # first: its check uses the buffers
+            return attend_tree(q, k, v, row_keys)
+        row_keys = row_keys.positions()
     counted = [i for i, keys in enumerate(row_keys) if isinstance(keys, int)]
     if len(counted) == T:  # a chain
         return attend_counted(q, k, v, (tuple(row_keys),) * B)
@@ -267,12 +368,11 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_keys: lis
     return out
 
 
-def exact_row_keys(T: int, past: int, attn_mask: torch.Tensor | None) -> list[int | torch.Tensor]:
-    """Per new row, the cache positions it attends to (see attend_rows)."""
+def exact_row_keys(T: int, past: int, attn_mask: torch.Tensor | None) -> list[int] | TreeRows:
+    """The keys each new row attends to (see attend_rows): a chain's key counts, or a tree's rows."""
     if attn_mask is None:
         return [past + i + 1 for i in range(T)]
-    prefix = torch.arange(past, device=attn_mask.device)
-    return [torch.cat([prefix, past + row.nonzero()[:, 0]]) for row in attn_mask.to(torch.bool)]
+    return TreeRows(past, attn_mask.to(torch.bool))
 
 
 def _planned_linear(x: torch.Tensor, weight: torch.Tensor, k_chunk: int, min_rows: int,

@@ -13,7 +13,7 @@ from torch import nn
 from specdec.cache import KVCache
 from specdec.models.compiled import compiled_forward, use_compiled
 from specdec.models.config import ModelConfig
-from specdec.models.exact import attend_row, attend_rows, exact_attend_row, exact_linear, exact_row_keys
+from specdec.models.exact import TreeRows, attend_row, attend_rows, exact_attend_row, exact_linear, exact_row_keys
 from specdec.models.packed import PackedWeight, pack_weight
 from specdec.models.quant import QuantizedLinear
 
@@ -188,7 +188,7 @@ class Attention(nn.Module):
         return project(self.o_proj, y.transpose(1, 2).reshape(B, T, self.nh * self.hd), exact)
 
     def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int,
-                row_keys: list[int | torch.Tensor] | None = None, exact: bool = False) -> torch.Tensor:
+                row_keys: list[int] | TreeRows | None = None, exact: bool = False) -> torch.Tensor:
         T = x.shape[1]
         q, k, v = self.rotated_qkv(x, cos, sin, exact)
         if cache is not None:
