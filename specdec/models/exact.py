@@ -7,11 +7,11 @@ row scored inside a wider pass (extra keys masked) rounds differently; and matri
 multiplications choose their blocking of the reduction dimension from the number of rows once
 it is large (bfloat16: reductions longer than 1024 change with the row count; float32: passes
 under 16 rows take other kernels than wider ones). So in exact mode each row attends as
-exact_attend_row defines it, alone or beside other rows and sequences (attend_counted,
-attend_rows), and every projection runs through a plan checked at first use for its weight
-shape (row_invariant_plan): the reduction split into chunks the kernels treat alike for every
-row count, partial products summed in float32 in a fixed order, and passes narrower than a
-minimum padded."""
+exact_attend_row defines it, alone or beside other rows and sequences (attend_counted), or
+among a draft tree's rows (attend_tree; attend_rows picks), and every projection runs through
+a plan checked at first use for its weight shape (row_invariant_plan): the reduction split
+into chunks the kernels treat alike for every row count, partial products summed in float32
+in a fixed order, and passes narrower than a minimum padded."""
 from __future__ import annotations
 
 import threading
