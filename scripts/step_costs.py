@@ -1,6 +1,7 @@
 """Where a speculative step's time goes, per tree size: drafting (head passes and tree growth),
 the target's verification pass, and the rest (verification, rollback, text), from the engine's
-own StepRecords, next to plain decoding's step. Fixed tree sizes, greedy, the bench's prompts.
+own StepRecords, next to plain decoding's step. Fixed tree sizes, the bench's prompts, greedy
+(or sampled: --temperature).
 
     OMP_NUM_THREADS=2 python scripts/step_costs.py --target smollm2 --method eagle --dtype bfloat16
     OMP_NUM_THREADS=2 python scripts/step_costs.py --target smollm2 --method eagle --dtype bfloat16 --no-exact
@@ -17,10 +18,11 @@ from specdec.chat_template import ChatTemplate
 from specdec.prompts import build_suite, render_chat
 
 
-def measure(decoder, prompts: list[str], tokens: int) -> dict:
+def measure(decoder, prompts: list[str], tokens: int, temperature: float = 0.0) -> dict:
     steps = []
-    for prompt in prompts:
-        for chunk in decoder.stream(prompt, max_new_tokens=tokens, temperature=0, ignore_eos=True):
+    for i, prompt in enumerate(prompts):
+        sampling = {"temperature": temperature, "seed": i} if temperature > 0 else {"temperature": 0}
+        for chunk in decoder.stream(prompt, max_new_tokens=tokens, ignore_eos=True, **sampling):
             if chunk.step is not None:
                 steps.append(chunk.step)
     n = len(steps)
@@ -45,6 +47,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--no-exact", action="store_true")
+    ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled, prompt i with seed i")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     exact = False if args.no_exact else None
@@ -55,7 +58,7 @@ def main() -> None:
     for size in (int(s) for s in args.sizes.split(",")):
         decoder = plain if size == 0 else specdec.load(target=args.target, method=args.method, draft=args.draft,
                                                        dtype=args.dtype, exact=exact, draft_tokens=size)
-        row = {"nodes": size, **measure(decoder, prompts, args.tokens)}
+        row = {"nodes": size, **measure(decoder, prompts, args.tokens, args.temperature)}
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json:
