@@ -51,9 +51,11 @@ def test_packing_follows_in_place_changes_and_skips_other_dtypes():
 
 
 def test_exact_linear_on_packed_chunks_gives_the_planned_bits():
-    """SmolLM2's 1536-wide down projection runs a chunked plan in exact mode (exact.py); its
-    chunks are packed one by one and must give the plan's bits for every pass width."""
-    from specdec.models.exact import PROBE_ROWS, exact_linear, row_invariant_plan
+    """SmolLM2's 1536-wide down projection in exact mode (exact.py): packed or not, every pass
+    width gets the plan's bits. Its plan here pads narrow passes instead of splitting the
+    reduction (cheaper, measured); a split plan packs its chunks one by one, and they must give
+    the split's bits too."""
+    from specdec.models.exact import PROBE_ROWS, _planned_linear, exact_linear, row_invariant_plan
 
     g = torch.Generator().manual_seed(0)
     weight = (torch.randn(576, 1536, generator=g) * 0.05).to(torch.bfloat16)
@@ -61,8 +63,9 @@ def test_exact_linear_on_packed_chunks_gives_the_planned_bits():
     for m in (1, *PROBE_ROWS):
         x = torch.randn(m, 1536, generator=g).to(torch.bfloat16)
         assert torch.equal(exact_linear(x, weight, packed=packed), exact_linear(x, weight)), m
-    k_chunk, _ = row_invariant_plan(weight)
-    assert k_chunk < 1536 and packed._chunks[k_chunk] is not None  # the chunked path ran, packed
+        assert torch.equal(_planned_linear(x, weight, 1024, 1, packed), _planned_linear(x, weight, 1024, 1)), m
+    assert packed._chunks[1024] is not None  # the split ran on packed chunks
+    assert row_invariant_plan(weight, packed) == (1536, 4)  # measured here: unsplit, 4 rows at least
 
 
 def test_float32_exact_mode_is_exact_on_packed_weights():

@@ -184,10 +184,21 @@ class EagleProposer:
         top k, sampling draws k without replacement from the final distribution q (returned).
         rows: with penalties, each feature row's token counts (the tree path it follows).
         exponentials: seeded races' noise for the children's position (seeded.py)."""
-        if params.greedy and rows is None and self.head.lm_head is not None:
-            # the top k lie inside the draft vocabulary: rank its N logits, not the expanded row
-            top = torch.log_softmax(project(self.head.lm_head, features, exact=False).float(), -1).topk(top_k, dim=-1)
-            return self.head.d2t[top.indices].tolist(), top.values.tolist(), None
+        if rows is None and self.head.lm_head is not None:  # no penalties or grammar: target ids play no part
+            compact = project(self.head.lm_head, features, exact=False).float()  # over the draft vocabulary
+            d2t = self.head.d2t
+            if params.greedy:  # the top k lie inside the draft vocabulary: rank its N logits
+                top = torch.log_softmax(compact, -1).topk(top_k, dim=-1)
+                return d2t[top.indices].tolist(), top.values.tolist(), None
+            # sampling: every filter (top-k, top-p, min-p) acts alike on the N logits and on the
+            # expanded row (-inf elsewhere), so q is drawn over N tokens and expanded after:
+            # measured here at T=1, full-vocabulary sampling was half of a drafting step
+            own = None if exponentials is None else exponentials[:, d2t]
+            drawn, q_own = draw_distinct(final_probs(compact, params), top_k, generator, exponentials=own)
+            q = q_own.new_zeros(q_own.shape[0], self.vocab_size)
+            q[:, d2t] = q_own
+            return ([d2t[row].tolist() for row in drawn], [q_own[i, row].log().tolist() for i, row in enumerate(drawn)],
+                    q)
         logits = self.draft_logits(features)
         if params.greedy:
             if rows is not None:
