@@ -46,7 +46,7 @@ def main() -> None:
         q = torch.randn(1, 9, T, 64, generator=g).bfloat16()
         k, v = (torch.randn(1, 3, args.past + T, 64, generator=g).bfloat16() for _ in range(2))
         together_call = partial(attend_rows, q, k, v, tree)
-        alone_call = partial(attend_rows, q, k, v, tree.positions())
+        alone_call = partial(attend_rows, q, k, v, tree.positions)
         with torch.inference_mode():
             assert torch.equal(together_call(), alone_call())
             together, alone = median_us(together_call, args.repeats), median_us(alone_call, args.repeats)

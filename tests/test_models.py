@@ -253,7 +253,7 @@ def test_tree_rows_get_each_row_its_own_bits(heads):
             tree = TreeRows(past, seen)
             with torch.inference_mode():
                 together = attend_rows(q, k, v, tree)
-            for i, keys in enumerate(tree.positions()):
+            for i, keys in enumerate(tree.positions):
                 alone = exact_attend_row(q[:, :, i:i + 1], k[:, :, keys], v[:, :, keys])
                 assert torch.equal(together[:, :, i:i + 1], alone), (dtype, past, i)
     if heads == (9, 3, 64):  # measured here; what makes SmolLM2's trees cheap to verify

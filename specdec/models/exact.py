@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import warnings
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import cached_property, lru_cache, partial
 
 import torch
 import torch.nn.functional as F
@@ -250,12 +250,14 @@ def attend_counted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Co
 @dataclass(frozen=True, eq=False)  # hashed by identity: one per pass, a cache key for its layout
 class TreeRows:
     """A tree pass's new rows: row i sees the cache's first `past` keys and the new rows
-    seen[i] (bool [T, T], itself and its ancestors)."""
+    seen[i] (bool [T, T]: itself and its ancestors)."""
     past: int
     seen: torch.Tensor
 
+    @cached_property
     def positions(self) -> list[torch.Tensor]:
-        """Per row, the cache positions it attends to, in cache order."""
+        """Per row, the cache positions it attends to, in cache order (once per pass: the
+        layers that fall back to gathering share them)."""
         prefix = torch.arange(self.past, device=self.seen.device)
         return [torch.cat([prefix, self.past + row.nonzero()[:, 0]]) for row in self.seen]
 
@@ -267,7 +269,7 @@ def _tree_layout(tree: TreeRows, G: int) -> tuple[torch.Tensor, torch.Tensor, to
     row sees and -inf for the others; order [R, P - past], the keys past the prefix that it
     sees first, in cache order (as its own 1-token pass has them), then the others; back,
     order's inverse. Built once per pass, shared by its layers."""
-    seen = tree.seen.to(torch.bool)
+    seen = tree.seen
     T, device = seen.shape[0], seen.device
     P = key_length(tree.past + T)
     visible = torch.ones(T, P, dtype=torch.bool, device=device)
@@ -335,7 +337,7 @@ def _tree_alike(nh: int, nkv: int, hd: int, dtype: torch.dtype, device: torch.de
             k, v = (torch.randn(1, nkv, past + T, hd, generator=g, device=device, dtype=dtype) for _ in range(2))
             tree = TreeRows(past, seen)
             together = attend_tree(q, k, v, tree)
-            for i, keys in enumerate(tree.positions()):
+            for i, keys in enumerate(tree.positions):
                 alone = exact_attend_row(q[:, :, i:i + 1], k[:, :, keys], v[:, :, keys])
                 ok = ok and torch.equal(together[:, :, i:i + 1], alone)
         _tree_ok[key] = ok
@@ -353,7 +355,7 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if isinstance(row_keys, TreeRows):
         if _tree_alike(nh, nkv, hd, q.dtype, q.device):  # first: its check uses the buffers
             return attend_tree(q, k, v, row_keys)
-        row_keys = row_keys.positions()
+        row_keys = row_keys.positions
     counted = [i for i, keys in enumerate(row_keys) if isinstance(keys, int)]
     if len(counted) == T:  # a chain
         return attend_counted(q, k, v, (tuple(row_keys),) * B)

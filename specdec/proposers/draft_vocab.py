@@ -22,9 +22,11 @@ def coverage(counts: torch.Tensor, d2t: torch.Tensor) -> float:
     return counts[d2t].sum().item() / total if total else 0.0
 
 
-def expand_logits(draft_logits: torch.Tensor, d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[..., N] logits over the draft vocabulary -> [..., vocab_size] target-id logits, -inf
-    outside it (so every sampling filter, penalty and mask works on target ids unchanged)."""
-    full = draft_logits.new_full((*draft_logits.shape[:-1], vocab_size), float("-inf"))
+def expand_logits(draft_logits: torch.Tensor, d2t: torch.Tensor, vocab_size: int,
+                  outside: float = float("-inf")) -> torch.Tensor:
+    """[..., N] values over the draft vocabulary -> [..., vocab_size] by target id, `outside`
+    elsewhere: logits get -inf (so every sampling filter, penalty and mask works on target ids
+    unchanged), probabilities 0."""
+    full = draft_logits.new_full((*draft_logits.shape[:-1], vocab_size), outside)
     full[..., d2t] = draft_logits
     return full

@@ -195,10 +195,8 @@ class EagleProposer:
             # measured here at T=1, full-vocabulary sampling was half of a drafting step
             own = None if exponentials is None else exponentials[:, d2t]
             drawn, q_own = draw_distinct(final_probs(compact, params), top_k, generator, exponentials=own)
-            q = q_own.new_zeros(q_own.shape[0], self.vocab_size)
-            q[:, d2t] = q_own
             return ([d2t[row].tolist() for row in drawn], [q_own[i, row].log().tolist() for i, row in enumerate(drawn)],
-                    q)
+                    expand_logits(q_own, d2t, self.vocab_size, outside=0.0))
         logits = self.draft_logits(features)
         if params.greedy:
             if rows is not None:
