@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from specdec.batch_engine import BatchEngine
-from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET, default_head
+from specdec.bundled import DEFAULT_TARGET, default_head
 from specdec.engine import Engine, GenerationResult, StreamChunk
 from specdec.errors import SpecdecError
 from specdec.grammar import grammar_from_response_format
@@ -247,10 +247,10 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     draft_path = None
     proposer = None
     if method == "draft":
-        if draft is None and target is not None:
-            raise SpecdecError("method 'draft' needs a draft model (--draft DIR): no draft is "
-                               "bundled for a custom target")
-        draft_path = Path(draft) if draft is not None else DEFAULT_DRAFT
+        draft_path = Path(draft) if draft is not None else default_head(target, "draft")
+        if draft_path is None:
+            raise SpecdecError("method 'draft' needs a draft model (--draft DIR): none is shipped for "
+                               "this target")
         draft_runner = load_runner(draft_path, dtype, backend, target_runner.max_len, quantize, group_size, pack,
                                    compile)
         draft_tokenizer = TextTokenizer(draft_path)

@@ -18,7 +18,7 @@ import torch
 
 from specdec.api import SpecDecoder, load
 from specdec.bench_peers import HF_METHODS, LLAMA_CPP_METHODS, LlamaCppPeer, TransformersPeer, llama_cpp_gguf
-from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET, default_head, resolve_model_name
+from specdec.bundled import DEFAULT_TARGET, default_head, resolve_model_name
 from specdec.chat_template import ChatTemplate
 from specdec.cli_common import add_checkpoint_args, add_quantize_args, add_threads_arg, apply_threads
 from specdec.errors import SpecdecError
@@ -80,14 +80,15 @@ def cost_model_bound(stats, plain_seconds_per_token: float) -> float | None:
 
 
 def default_methods(target: str | None, draft: str | None, llama_server: Path | None) -> list[str]:
-    """Every method that can run on this target: drafters need a draft (bundled for the
-    bundled target only); llama.cpp when a build is found."""
+    """Every method that can run on this target: drafters need a draft (--draft, or one shipped
+    for the target); llama.cpp when a build is found."""
     if target is None or resolve_model_name(target).resolve() == DEFAULT_TARGET.resolve():
         methods = ["none", "draft", "ngram", "medusa", "eagle", "hf", "hf-assisted", "hf-lookup"]
     else:
-        methods = ["none", "ngram"] + (["draft"] if draft else [])
+        has_draft = bool(draft) or default_head(target, "draft") is not None
+        methods = ["none", "ngram"] + (["draft"] if has_draft else [])
         methods += [m for m in ("medusa", "eagle") if default_head(target, m) is not None] + ["hf", "hf-lookup"]
-        methods += ["hf-assisted"] if draft else []
+        methods += ["hf-assisted"] if has_draft else []
     return methods + (["llama.cpp", "llama.cpp-ngram"] if llama_server else [])
 
 
@@ -123,7 +124,7 @@ def make_runner(m: str, setup: dict, stack: ExitStack, tokenizer: TextTokenizer)
                                   compile=mode == "compile"),
                              seed_mode="invariant" if mode == "seeded" else "rejection")
     if base in HF_METHODS and not fixed:
-        draft_dir = draft or (DEFAULT_DRAFT if target is None else None)
+        draft_dir = draft or default_head(target, "draft")
         if m == "hf-assisted" and draft_dir is None:
             raise SpecdecError("hf-assisted needs a draft model (--draft; another tokenizer than the target's: "
                                "transformers' Universal Assisted Generation)")

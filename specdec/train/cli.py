@@ -40,6 +40,22 @@ def _token_data(args, tok: Tokenizer, out: Path) -> tuple[np.ndarray, np.ndarray
     return build_token_files(tok, _corpus_root(args), data, args.max_files)
 
 
+def _generation_data(args, tok: Tokenizer, init) -> tuple[np.ndarray, np.ndarray]:
+    """A target's self-distilled answers (`specdec train answers`) in this model's own
+    tokenization; every 20th conversation held out."""
+    from specdec.bundled import resolve_model_name
+    from specdec.text import TextTokenizer
+    from specdec.train.self_distill import generations_tokens
+    from specdec.train.tokenizer import EOS
+
+    if not args.target:
+        raise SpecdecError("--generations needs --target: the model whose token ids the answers are in")
+    if not Path(args.generations).is_file():
+        raise SpecdecError(f"generations file {args.generations!r} does not exist")
+    eos = init.config.eos_token_id if init is not None else tok.token_to_id(EOS)
+    return generations_tokens(Path(args.generations), TextTokenizer(resolve_model_name(args.target)).tok, tok, eos)
+
+
 def export_model(model, tokenizer_dir: Path, folder: Path, dtype: str, card: dict) -> None:
     from specdec.models import save_native
 
@@ -55,17 +71,25 @@ def export_model(model, tokenizer_dir: Path, folder: Path, dtype: str, card: dic
 def cmd_lm(args) -> int:
     require("rich.progress", "train", "training")  # the trainers' progress bars
     from specdec.models.checkpoint import load_native
-    from specdec.train.lm import TrainConfig, evaluate, train_lm
+    from specdec.train.lm import TrainConfig, evaluate, grow_layers, train_lm
     from specdec.train.recipe import PRESETS, build_tokenizer, preset
 
     out = Path(args.out)
     if args.preset not in PRESETS:
         raise SpecdecError(f"unknown preset {args.preset!r}; choose {', '.join(PRESETS)}")
-    tok_dir = Path(args.tokenizer) if args.tokenizer else out / "tokenizer"
+    init = load_native(args.init, "float32") if args.init else None
+    if args.layers is not None:
+        if init is None:
+            raise SpecdecError("--layers grows the --init model: give --init")
+        init = grow_layers(init, args.layers)
+    tok_dir = Path(args.tokenizer or args.init or out / "tokenizer")
     if not (tok_dir / "tokenizer.json").is_file():
         build_tokenizer(_corpus_root(args), tok_dir, args.vocab_size, args.max_files)
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
-    train_ids, held_ids = _token_data(args, tok, out)
+    if args.generations:
+        train_ids, held_ids = _generation_data(args, tok, init)
+    else:
+        train_ids, held_ids = _token_data(args, tok, out)
     teacher = load_native(args.teacher, "float32") if args.teacher else None
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
                       warmup=min(args.warmup, max(1, args.steps // 10)), seed=args.seed,
@@ -73,10 +97,14 @@ def cmd_lm(args) -> int:
                       distill_weight=args.distill_weight if teacher is not None else 0.0,
                       threads=args.threads)
     t0 = time.time()
-    model, total_seconds = train_lm(preset(args.preset, tok), train_ids, out / "run", cfg, teacher=teacher)
+    model_config = init.config if init is not None else preset(args.preset, tok)
+    model, total_seconds = train_lm(model_config, train_ids, out / "run", cfg, teacher=teacher, init=init)
     seconds = time.time() - t0
     held_loss = evaluate(model, held_ids, min(args.seq_len, len(held_ids) - 1))
-    card = {"preset": args.preset, "parameters": sum(p.numel() for p in model.parameters()),
+    card = {"preset": None if init is not None else args.preset, "init": str(args.init) if init is not None else None,
+            "generations": str(args.generations) if args.generations else None,
+            "generations_target": args.target if args.generations else None,
+            "parameters": sum(p.numel() for p in model.parameters()),
             "train_tokens": len(train_ids), "heldout_tokens": len(held_ids),
             "heldout_loss_nats_per_token": round(held_loss, 4), "train_seconds_this_run": round(seconds),
             "train_seconds_total": round(total_seconds),
@@ -112,6 +140,12 @@ def add_parser(sub) -> None:
     lm.add_argument("--tokenizer", help="tokenizer folder (default: train one into OUT/tokenizer)")
     lm.add_argument("--corpus", help="folder of .py files (default: this Python's stdlib)")
     lm.add_argument("--teacher", help="target model folder to distil from")
+    lm.add_argument("--init", help="model folder to train on from (fine-tuning; its config and tokenizer are used)")
+    lm.add_argument("--layers", type=int, help="with --init: deepen it to this many layers first (new layers start "
+                    "as copies of its last with zeroed output projections, computing what it did)")
+    lm.add_argument("--generations", help="train on a target's answers (generations.jsonl from `specdec train "
+                    "answers`), re-encoded with this model's tokenizer, instead of the corpus")
+    lm.add_argument("--target", help="with --generations: the model whose token ids they hold (e.g. smollm2)")
     lm.add_argument("--distill-weight", type=float, default=0.9)
     lm.add_argument("--vocab-size", type=int, default=8192)
     lm.add_argument("--max-files", type=int, default=None)
@@ -269,6 +303,22 @@ def cmd_eagle_data(args) -> int:
     return 0
 
 
+def cmd_answers(args) -> int:
+    """Only the self-distilled answers (OUT/generations.jsonl), e.g. for a draft model."""
+    import specdec
+    from specdec.train.corpus import split_files
+    from specdec.train.self_distill import generate_answers
+
+    out = Path(args.out)
+    if (out / "generations.jsonl").is_file():
+        print(f"{out / 'generations.jsonl'} exists; kept")
+        return 0
+    train_files, _ = split_files(_corpus_root(args))
+    decoder = specdec.load(args.target, dtype=args.dtype, exact=False, max_len=args.max_len)
+    generate_answers(decoder, train_files, out, args.prompts, args.max_tokens, max_batch=args.max_batch)
+    return 0
+
+
 def cmd_eagle_features(args) -> int:
     """An EAGLE head with a reduced draft vocabulary, trained on stored target features."""
     from dataclasses import replace
@@ -311,20 +361,29 @@ def cmd_eagle_features(args) -> int:
     return 0
 
 
+def _add_answers_args(p, out_help: str) -> None:
+    """The options of a self-distillation run (the target answering prompts made from the corpus)."""
+    p.add_argument("--target", required=True, help="target model (folder, GGUF or a name such as smollm2)")
+    p.add_argument("--out", required=True, help=out_help)
+    p.add_argument("--corpus", help="folder of .py files (default: this Python's stdlib)")
+    p.add_argument("--dtype", default="bfloat16", help="the dtype the target will serve in")
+    p.add_argument("--prompts", type=int, default=400, help="chat and code-completion prompts answered, each")
+    p.add_argument("--max-tokens", type=int, default=160, help="tokens per answer")
+    p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--max-len", type=int, default=1024)
+
+
 def add_head_parsers(tsub) -> None:
     d = tsub.add_parser("eagle-data", help="self-distilled answers and stored target features for an EAGLE head")
-    d.add_argument("--target", required=True, help="target model (folder, GGUF or a name such as smollm2)")
-    d.add_argument("--out", required=True, help="data folder (resumes: finished parts are kept)")
-    d.add_argument("--corpus", help="folder of .py files (default: this Python's stdlib)")
-    d.add_argument("--dtype", default="bfloat16", help="the dtype the target will serve in")
-    d.add_argument("--prompts", type=int, default=400, help="chat and code-completion prompts answered, each")
-    d.add_argument("--max-tokens", type=int, default=160, help="tokens per answer")
-    d.add_argument("--max-batch", type=int, default=16)
-    d.add_argument("--max-len", type=int, default=1024)
+    _add_answers_args(d, "data folder (resumes: finished parts are kept)")
     d.add_argument("--seq-len", type=int, default=512, help="code window length")
     d.add_argument("--code-tokens", type=int, default=400_000, help="stdlib code tokens (training split)")
     d.add_argument("--heldout-tokens", type=int, default=40_000, help="held-out stdlib code tokens")
     d.set_defaults(func=cmd_eagle_data)
+
+    a = tsub.add_parser("answers", help="self-distilled answers of a target (generations.jsonl) to train a draft on")
+    _add_answers_args(a, "data folder (kept if it already holds generations.jsonl)")
+    a.set_defaults(func=cmd_answers)
 
     for name, func, steps in (("medusa", cmd_medusa, 600), ("eagle", cmd_eagle, 800)):
         p = tsub.add_parser(name, help=f"train {name} head(s) on a frozen target")

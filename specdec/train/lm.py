@@ -4,13 +4,14 @@ checkpoints in out/checkpoint). The same code runs the full recipe and the secon
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specdec.errors import SpecdecError
 from specdec.models import LlamaModel, ModelConfig
 from specdec.train.loop import LoopSettings, OptimConfig, seed_run, train_loop
 
@@ -55,13 +56,35 @@ def evaluate(model: LlamaModel, tokens: np.ndarray, seq_len: int, max_windows: i
     return total / max(1, count)
 
 
+def grow_layers(model: LlamaModel, num_layers: int) -> LlamaModel:
+    """`model` deepened to num_layers: each new layer (appended after the others) starts as a
+    copy of the last one with its attention and MLP output projections zeroed, so the grown
+    model computes exactly what `model` did until training moves them (depth up-scaling of a
+    trained draft instead of training a deeper one from scratch)."""
+    old = model.config.num_hidden_layers
+    if num_layers < old:
+        raise SpecdecError(f"cannot grow a {old}-layer model to {num_layers} layers")
+    grown = LlamaModel(replace(model.config, num_hidden_layers=num_layers))
+    state = model.state_dict()
+    last = f"model.layers.{old - 1}."
+    for i in range(old, num_layers):
+        for key in [k for k in state if k.startswith(last)]:
+            new = f"model.layers.{i}." + key[len(last):]
+            zero = key.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight"))
+            state[new] = torch.zeros_like(state[key]) if zero else state[key].clone()
+    grown.load_state_dict(state, strict=False)
+    return grown
+
+
 def train_lm(model_config: ModelConfig, tokens: np.ndarray, out: str | Path, cfg: TrainConfig,
-             teacher: LlamaModel | None = None, log=print) -> tuple[LlamaModel, float]:
-    """Train from scratch (or resume from out/checkpoint); return the float32 model and the
-    training seconds of all runs of this training (resumes included)."""
+             teacher: LlamaModel | None = None, log=print,
+             init: LlamaModel | None = None) -> tuple[LlamaModel, float]:
+    """Train from scratch, or on from `init`'s weights (fine-tuning; its config is used), or
+    resume from out/checkpoint; return the float32 model and the training seconds of all runs
+    of this training (resumes included)."""
     out = Path(out)
     seed_run(cfg)
-    model = LlamaModel(model_config)
+    model = LlamaModel(model_config) if init is None else init.float().train()
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
     if teacher is not None:

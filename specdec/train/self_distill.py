@@ -10,6 +10,8 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
+
 from specdec.errors import SpecdecError
 from specdec.prompts import chat_prompts, function_snippets
 
@@ -55,3 +57,28 @@ def generate_answers(decoder, files: list[Path], out: Path, count: int, max_toke
 
 def read_generations(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def generations_text(gens: list[dict], target_pieces: list[bytes | None]) -> list[str]:
+    """Each conversation (prompt + answer) as the text the target's ids stand for, special
+    tokens written out (`<|im_start|>`), as a cross-vocabulary draft reads its context."""
+    return [b"".join(target_pieces[t] or b"" for t in g["prompt_ids"] + g["output_ids"]).decode(errors="ignore")
+            for g in gens]
+
+
+def generations_tokens(path: Path, target_tokenizer, draft_tokenizer, eos: int,
+                       heldout_every: int = 20) -> tuple[np.ndarray, np.ndarray]:
+    """The target's answers re-encoded with a draft's own tokenizer (a draft with another
+    vocabulary learns the target's outputs from their text), each followed by EOS, as uint16
+    train and held-out token arrays; every `heldout_every`-th conversation is held out."""
+    from specdec.proposers.vocab_map import token_bytes
+
+    texts = generations_text(read_generations(path), token_bytes(target_tokenizer))
+    if not texts:
+        raise SpecdecError(f"{path} holds no generations")
+    parts: tuple[list[int], list[int]] = ([], [])
+    for i, enc in enumerate(draft_tokenizer.encode_batch(texts, add_special_tokens=False)):
+        part = parts[1] if heldout_every and i % heldout_every == heldout_every - 1 else parts[0]
+        part.extend(enc.ids)
+        part.append(eos)
+    return np.asarray(parts[0], dtype=np.uint16), np.asarray(parts[1], dtype=np.uint16)
