@@ -272,20 +272,16 @@ def cmd_eagle_data(args) -> int:
     """Self-distilled answers (generations.jsonl) and the target's features over them and over
     stdlib code windows (train/), plus held-out code windows (heldout/). Each part is skipped
     when its file exists, so an interrupted run resumes."""
-    import specdec
     from specdec.bundled import resolve_model_name
     from specdec.models.checkpoint import load_native
     from specdec.text import TextTokenizer
     from specdec.train.corpus import split_files
     from specdec.train.features import FEATURES_FILE, code_windows, extract_features
-    from specdec.train.self_distill import generate_answers, read_generations
+    from specdec.train.self_distill import read_generations
 
     out = Path(args.out)
     train_files, held_files = split_files(_corpus_root(args))
-    if not (out / "generations.jsonl").is_file():
-        decoder = specdec.load(args.target, dtype=args.dtype, exact=False, max_len=args.max_len)
-        generate_answers(decoder, train_files, out, args.prompts, args.max_tokens, max_batch=args.max_batch)
-        del decoder
+    _answers(args, train_files, out)
     target_path = resolve_model_name(args.target)
     model = load_native(target_path, args.dtype)
     tok = TextTokenizer(target_path).tok
@@ -303,19 +299,26 @@ def cmd_eagle_data(args) -> int:
     return 0
 
 
-def cmd_answers(args) -> int:
-    """Only the self-distilled answers (OUT/generations.jsonl), e.g. for a draft model."""
+def _answers(args, train_files: list[Path], out: Path) -> Path:
+    """OUT/generations.jsonl: the target's answers to prompts made from train_files (kept when
+    it exists, so an interrupted recipe resumes)."""
     import specdec
-    from specdec.train.corpus import split_files
     from specdec.train.self_distill import generate_answers
 
-    out = Path(args.out)
-    if (out / "generations.jsonl").is_file():
-        print(f"{out / 'generations.jsonl'} exists; kept")
-        return 0
-    train_files, _ = split_files(_corpus_root(args))
+    path = out / "generations.jsonl"
+    if path.is_file():
+        print(f"{path} exists; kept")
+        return path
     decoder = specdec.load(args.target, dtype=args.dtype, exact=False, max_len=args.max_len)
-    generate_answers(decoder, train_files, out, args.prompts, args.max_tokens, max_batch=args.max_batch)
+    return generate_answers(decoder, train_files, out, args.prompts, args.max_tokens, max_batch=args.max_batch)
+
+
+def cmd_answers(args) -> int:
+    """Only the self-distilled answers (OUT/generations.jsonl), e.g. for a draft model."""
+    from specdec.train.corpus import split_files
+
+    train_files, _ = split_files(_corpus_root(args))
+    _answers(args, train_files, Path(args.out))
     return 0
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from specdec.errors import SpecdecError
 from specdec.prompts import chat_prompts, function_snippets
@@ -66,7 +67,7 @@ def generations_text(gens: list[dict], target_pieces: list[bytes | None]) -> lis
             for g in gens]
 
 
-def generations_tokens(path: Path, target_tokenizer, draft_tokenizer, eos: int,
+def generations_tokens(path: Path, target_tokenizer: Tokenizer, draft_tokenizer: Tokenizer, eos: int,
                        heldout_every: int = 20) -> tuple[np.ndarray, np.ndarray]:
     """The target's answers re-encoded with a draft's own tokenizer (a draft with another
     vocabulary learns the target's outputs from their text), each followed by EOS, as uint16
