@@ -8,6 +8,7 @@ import torch
 
 from specdec.batch_engine import BatchEngine
 from specdec.bundled import DEFAULT_TARGET, default_head
+from specdec.controller_memory import ControllerMemory, default_path
 from specdec.engine import Engine, GenerationResult, StreamChunk
 from specdec.errors import SpecdecError
 from specdec.grammar import grammar_from_response_format
@@ -202,12 +203,18 @@ class SpecDecoder:
         return self.batch_engine(max_batch).generate(requests)
 
 
+def _where(model: Path | None) -> str:
+    """A model folder as an absolute path, a packaged name (smollm2) as itself."""
+    return str(model.resolve() if model is not None and model.exists() else model)
+
+
 def load(target: str | Path | None = None, draft: str | Path | None = None, method: str = "none",
          dtype: str = "float32", backend: str = "auto", draft_tokens: int | None = None,
          max_draft_tokens: int = 8, max_len: int | None = None,
          tree_nodes: int | None = None, typical_acceptance: bool = False, calibrate: bool = True,
          exact: bool | None = None, quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE,
-         cross_vocab: str = "auto", pack: bool = True, compile: bool = False) -> SpecDecoder:
+         cross_vocab: str = "auto", pack: bool = True, compile: bool = False,
+         memory: bool | str | Path = True) -> SpecDecoder:
     """Load a target (None = the bundled model) and, for method='draft', a draft model
     (None = the bundled draft when the target is bundled); for 'medusa'/'eagle', `draft` is
     the head folder. draft_tokens fixes K (chain) or the tree size; by default they adapt per
@@ -230,7 +237,10 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     keeps the memory and the unpacked kernels. compile=True runs the target's (and draft
     model's) passes through PyTorch's inductor (models/compiled.py): faster passes after
     35-90 s of compilation at load, with the fastest kernels (exact=False; exact=True is
-    refused)."""
+    refused). memory=True lets the draft-length / tree-size controllers start from what earlier
+    processes learned with this same setup on this machine, and leave what they learn
+    (controller_memory.py: ~/.cache/specdec/controllers.json, or $SPECDEC_CONTROLLER_MEMORY, which
+    "off" turns off); a path uses that file; False keeps nothing. Output never depends on it."""
     if method not in METHODS:
         raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if cross_vocab not in CROSS_VOCAB_MODES:
@@ -276,10 +286,16 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
         raise SpecdecError(f"a draft model was given but method is {method!r}; use method 'draft'")
     if typical_acceptance and method not in ("medusa", "eagle"):
         raise SpecdecError("typical acceptance applies to the tree methods (medusa, eagle) only")
+    exact = exact if exact is not None else default_exact(dtype, compile)
+    memory_path = default_path() if memory is True else Path(memory) if memory else None
+    # the setup a controller's learned acceptance and costs belong to (plus machine and sampling)
+    setup = (f"{_where(target_path)}|{method}|{_where(draft_path)}|{dtype}|{backend}|"
+             f"exact={exact}|{quantize}/{group_size}|pack={pack}|compile={compile}|{cross_vocab}|"
+             f"nodes={tree_nodes}|max_k={max_draft_tokens}")
     engine = Engine(target_runner, tokenizer, proposer, method, eos_token_ids(target_path),
                     max_draft_tokens=draft_tokens or max_draft_tokens, fixed_draft_tokens=draft_tokens,
-                    typical_acceptance=typical_acceptance,
-                    exact=exact if exact is not None else default_exact(dtype, compile))
+                    typical_acceptance=typical_acceptance, exact=exact,
+                    memory=ControllerMemory(memory_path) if memory_path is not None else None, memory_setup=setup)
     if calibrate:
         engine.calibrate()
     return SpecDecoder(engine, target_path, draft_path)

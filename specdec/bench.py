@@ -121,7 +121,8 @@ def make_runner(m: str, setup: dict, stack: ExitStack, tokenizer: TextTokenizer)
                                   group_size=setup.get("group_size", DEFAULT_GROUP_SIZE),
                                   cross_vocab="tli" if mode == "tli" else "auto",
                                   exact=False if mode in ("fast", "compile") else None,
-                                  compile=mode == "compile"),
+                                  compile=mode == "compile",
+                                  memory=False),  # a run must not depend on the runs before it
                              seed_mode="invariant" if mode == "seeded" else "rejection")
     if base in HF_METHODS and not fixed:
         draft_dir = draft or default_head(target, "draft")

@@ -51,6 +51,11 @@ def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHOD
     p.add_argument("--compile", action="store_true",
                    help="run the model's layers through PyTorch's inductor: faster single-sequence passes on CPU "
                         "after 35-90 s of compilation at load; implies --no-exact (the fastest kernels)")
+    p.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
+                   help="the draft-length / tree-size controllers start from what earlier runs learned with this "
+                        "setup on this machine (acceptance, pass costs) and leave what they learn, in "
+                        "~/.cache/specdec/controllers.json or $SPECDEC_CONTROLLER_MEMORY ('off' turns it off); "
+                        "--no-memory starts fresh (default on; output never depends on it)")
 
 
 def add_quantize_args(p: argparse.ArgumentParser) -> None:
@@ -152,7 +157,8 @@ def load_decoder(args: argparse.Namespace, **overrides) -> SpecDecoder:
                    backend=args.backend, draft_tokens=args.draft_tokens, max_draft_tokens=args.max_draft_tokens,
                    tree_nodes=args.tree_nodes, typical_acceptance=args.typical_acceptance, exact=args.exact,
                    quantize=args.quantize, group_size=args.group_size, cross_vocab=getattr(args, "cross_vocab", "auto"),
-                   pack=getattr(args, "pack", True), compile=getattr(args, "compile", False))
+                   pack=getattr(args, "pack", True), compile=getattr(args, "compile", False),
+                   memory=getattr(args, "memory", True))
     options.update(overrides)
     return load(**options)
 

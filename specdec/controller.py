@@ -22,6 +22,19 @@ class Controller(Protocol):
 
     def observe(self, step: StepRecord) -> None: ...
 
+    def memory(self) -> dict: ...
+
+    def recall(self, memory: dict) -> None: ...
+
+
+def _floats(table: dict, keys: set[int] | None = None) -> dict[int, float]:
+    """A recalled {"K": value} table as {K: value} (only the given keys); raises on a value that
+    is not a finite non-negative number, so that a damaged entry is ignored whole."""
+    out = {int(k): float(v) for k, v in table.items()}
+    if any(not 0 <= v < float("inf") for v in out.values()):
+        raise ValueError("negative or infinite value in a recalled table")
+    return {k: v for k, v in out.items() if keys is None or k in keys}
+
 
 def screen_timing(new: float, estimate: float) -> tuple[float, bool]:
     """Timings are only ever inflated (cold kernels for a new shape, stalls). Returns the
@@ -126,6 +139,31 @@ class DraftLengthController:
             return min(self.probe_k, upper)
         return 0
 
+    def memory(self) -> dict:
+        """What a later process should start from (controller_memory.py): acceptance evidence
+        and measured costs (a new sequence resets the probe gap anyway)."""
+        return {"accepted": self.accepted_count, "rejected": self.rejected_count,
+                "target_seconds": {str(k): v for k, v in self.target_seconds.items()},
+                "draft_seconds_per_token": self.draft_seconds_per_token,
+                "overhead_seconds": {str(int(k)): v for k, v in self.overhead_seconds.items()}}
+
+    def recall(self, memory: dict) -> None:
+        """Start from an earlier process's state. Costs timed in this process (calibration)
+        are kept over recalled ones. Raises ValueError/TypeError/KeyError on a damaged entry,
+        before changing anything."""
+        accepted, rejected = float(memory["accepted"]), float(memory["rejected"])
+        target_seconds = _floats(memory["target_seconds"], set(range(self.max_k + 1)))
+        overhead = _floats(memory["overhead_seconds"], {0, 1})
+        draft = memory["draft_seconds_per_token"]
+        draft = None if draft is None else _floats({0: draft})[0]
+        if min(accepted, rejected) < 0:
+            raise ValueError("negative count in a recalled controller state")
+        self.accepted_count, self.rejected_count = accepted, rejected
+        self.target_seconds = {**target_seconds, **self.target_seconds}
+        self.overhead_seconds = {bool(k): v for k, v in overhead.items()} | self.overhead_seconds
+        if self.draft_seconds_per_token is None:
+            self.draft_seconds_per_token = draft
+
     def observe(self, step: StepRecord) -> None:
         k, target_seconds, overhead_seconds = step.drafted, step.target_seconds, step.other_seconds
 
@@ -167,6 +205,7 @@ class TreeSizeController:
     max_probe_every: int = 128  # doubles while the best stays the same
     plain_every: int = 32  # while trees win, a plain step this often (a cheap re-measure)
     decay: float = 0.9  # forgetting per observation of a size: acceptance drifts with the text
+    recall_weight: float = 2.0  # steps a size's rate recalled from an earlier process counts as
     tokens: dict[int, float] = field(default_factory=dict)  # decayed sums by size
     seconds: dict[int, float] = field(default_factory=dict)
     weight: dict[int, float] = field(default_factory=dict)  # decayed step counts
@@ -217,6 +256,31 @@ class TreeSizeController:
         made a one-shot call at T=1 slower than plain decoding."""
         return any(0 < s < size and self.samples.get(s, 0) >= self.min_samples and self.rate(s) < self.rate(0)
                    for s in allowed)
+
+    def memory(self) -> dict:
+        """What a later process should start from (controller_memory.py): the decayed tokens,
+        seconds and step counts by tree size."""
+        return {"tokens": {str(k): v for k, v in self.tokens.items()},
+                "seconds": {str(k): v for k, v in self.seconds.items()},
+                "weight": {str(k): v for k, v in self.weight.items()},
+                "samples": {str(k): v for k, v in self.samples.items()}}
+
+    def recall(self, memory: dict) -> None:
+        """Start from an earlier process's measurements (sizes this controller does not offer
+        are dropped). Raises ValueError/TypeError/KeyError on a damaged entry, before changing
+        anything."""
+        sizes = set(self.sizes) | {0}
+        tables = [_floats(memory[name], sizes) for name in ("tokens", "seconds", "weight", "samples")]
+        if len({frozenset(t) for t in tables}) != 1:
+            raise ValueError("recalled tree tables cover different sizes")
+        tokens, seconds, weight = tables[:3]
+        # each size's recalled rate counts as at most recall_weight steps: a prior that this
+        # process's own steps (its text, its load) outweigh within a few observations
+        shrink = {size: min(1.0, self.recall_weight / w) if w > 0 else 1.0 for size, w in weight.items()}
+        self.tokens = {size: v * shrink[size] for size, v in tokens.items()}
+        self.seconds = {size: v * shrink[size] for size, v in seconds.items()}
+        self.weight = {size: v * shrink[size] for size, v in weight.items()}
+        self.samples = {k: int(v) for k, v in tables[3].items()}
 
     def observe(self, step: StepRecord) -> None:
         chosen = step.budget

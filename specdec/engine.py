@@ -14,6 +14,7 @@ import torch
 
 from specdec.calibrate import PassCosts, measure_pass_costs
 from specdec.controller import Controller, DraftLengthController, TreeSizeController
+from specdec.controller_memory import ControllerMemory, machine_key
 from specdec.errors import SpecdecError
 from specdec.grammar import GrammarCompiler, GrammarState
 from specdec.logprobs import last_entries, token_logprobs
@@ -65,10 +66,18 @@ def chain_verdict(seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> Ch
     return verify_rejection(drafts, proposal.draft_probs, target_probs, seq.rng)
 
 
+def sampling_key(params: SamplingParams) -> tuple:
+    """The settings acceptance depends on: one controller (and memory entry) per value."""
+    return (params.temperature, params.top_k, params.top_p, params.min_p, params.presence_penalty,
+            params.frequency_penalty, params.repetition_penalty, params.logit_bias, params.grammar is not None,
+            params.drafter_invariant)
+
+
 class Engine:
     def __init__(self, target: Runner, tokenizer: TextTokenizer, proposer: Proposer | None = None,
                  method: str = "none", eos_ids: tuple[int, ...] = (), max_draft_tokens: int = 8,
-                 fixed_draft_tokens: int | None = None, typical_acceptance: bool = False, exact: bool = True):
+                 fixed_draft_tokens: int | None = None, typical_acceptance: bool = False, exact: bool = True,
+                 memory: ControllerMemory | None = None, memory_setup: str = ""):
         self.target = target
         self.tokenizer = tokenizer
         self.proposer = proposer
@@ -84,6 +93,10 @@ class Engine:
         self._controllers: dict[tuple, Controller] = {}
         self.pass_costs: PassCosts | None = None  # from calibrate(): the controllers' starting costs
         self._grammars: GrammarCompiler | None = None  # built on the first constrained request
+        # controllers start from what earlier processes learned with this setup (memory_setup:
+        # target, drafter, dtype, kernels) on this machine, and leave what they learn there
+        self.memory = memory if proposer is not None and fixed_draft_tokens is None else None
+        self.memory_setup = memory_setup
 
     def calibrate(self) -> PassCosts:
         """Time (and so warm up) the passes decoding will use; new controllers start from them."""
@@ -121,13 +134,28 @@ class Engine:
     def controller_for(self, params: SamplingParams) -> Controller:
         """One controller per sampling setting, kept across generations: measured costs carry
         over, and acceptance (which depends on temperature and filters) is tracked apart."""
-        key = (params.temperature, params.top_k, params.top_p, params.min_p, params.presence_penalty,
-               params.frequency_penalty, params.repetition_penalty, params.logit_bias, params.grammar is not None)
+        key = sampling_key(params)
         if key not in self._controllers:
             if len(self._controllers) >= 64:
                 self._controllers.pop(next(iter(self._controllers)))
-            self._controllers[key] = self.new_controller()
+            controller = self._controllers[key] = self.new_controller()
+            state = self.memory.recall(self._memory_key(key)) if self.memory is not None else None
+            if state is not None:
+                try:
+                    controller.recall(state)
+                except (KeyError, TypeError, ValueError, AttributeError):
+                    pass  # a damaged or older entry: start fresh, as without memory
         return self._controllers[key]
+
+    def _memory_key(self, key: tuple) -> str:
+        return f"{machine_key()}|{self.memory_setup}|{key!r}"
+
+    def remember(self, seq: Sequence) -> None:
+        """Leave the state of seq's controller (if it is this engine's controller for seq's
+        sampling settings) in memory for later processes (see controller_for)."""
+        key = sampling_key(seq.params)
+        if self.memory is not None and self._controllers.get(key) is seq.controller:
+            self.memory.remember(self._memory_key(key), seq.controller.memory())
 
     def new_controller(self) -> Controller:
         if self.proposer is not None and self.proposer.shape == "tree":
@@ -322,6 +350,7 @@ class Engine:
                               token_logprobs=last_entries(seq.token_logprobs, len(step.new_tokens)))
             prompt_logprobs = None
         result, tail = self.finish(seq)
+        self.remember(seq)
         tokens = list(last_step.new_tokens) if last_step is not None else []
         yield StreamChunk((last_step.text if last_step is not None else "") + tail, tokens, result, step=last_step,
                           token_logprobs=last_entries(seq.token_logprobs, len(tokens)), prompt_logprobs=prompt_logprobs)

@@ -113,7 +113,7 @@ class EagleProposer:
         self.vocab_size = embed.num_embeddings
         self.tree = tree or TreeShape()
         n = self.tree.nodes
-        self.tree_sizes = sorted({min(s, n) for s in (4, 8, 16, n)})
+        self.tree_sizes = sorted({min(s, n) for s in (2, 4, 8, 16, n)})
         self.cache = head.new_cache(max_len + self.tree.depth * self.tree.expand + 8)
         self.reset([])
 

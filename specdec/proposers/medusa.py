@@ -75,7 +75,7 @@ class MedusaProposer:
         self.max_rank = [1 + max((c[d] for c in self.choices if len(c) > d), default=0)
                          for d in range(len(heads.heads))]
         n = len(self.choices)
-        self.tree_sizes = tree_sizes or sorted({min(s, n) for s in (4, 8, 16, n)})
+        self.tree_sizes = tree_sizes or sorted({min(s, n) for s in (2, 4, 8, 16, n)})
         self.last_hidden: torch.Tensor | None = None
 
     def memory_bytes(self) -> int:
