@@ -37,8 +37,8 @@ def default_path() -> Path | None:
         return None
     if setting:
         return Path(setting).expanduser()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "specdec" / "controllers.json"
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "specdec" / "controllers.json"
 
 
 @cache
@@ -56,23 +56,26 @@ def machine_key() -> str:
 
 
 class ControllerMemory:
-    """Controller states by key (machine, model setup, sampling settings), read once and
-    written back atomically after generations."""
+    """Controller states by key (machine, model setup, sampling settings): the file is read once
+    for recall, and this process's entries are merged into it, atomically, after generations."""
 
     def __init__(self, path: Path):
         self.path = path
         self._entries: dict[str, dict] | None = None
+        self._changed: dict[str, dict] = {}  # entries this process wrote, not yet in the file
         self._last_write = 0.0
-        self._dirty = False
         atexit.register(self.flush)  # what a throttled remember() left unwritten
+
+    def _read(self) -> dict[str, dict]:
+        try:
+            loaded = json.loads(self.path.read_text())
+            return loaded if isinstance(loaded, dict) else {}
+        except (OSError, ValueError):
+            return {}
 
     def entries(self) -> dict[str, dict]:
         if self._entries is None:
-            try:
-                loaded = json.loads(self.path.read_text())
-                self._entries = loaded if isinstance(loaded, dict) else {}
-            except (OSError, ValueError):
-                self._entries = {}
+            self._entries = self._read()
         return self._entries
 
     def recall(self, key: str) -> dict | None:
@@ -82,26 +85,30 @@ class ControllerMemory:
     def remember(self, key: str, state: dict, force: bool = False) -> None:
         """Store a controller's state; written to the file now unless it was written less than
         WRITE_EVERY_SECONDS ago (then with a later call, or flush())."""
-        entries = self.entries()
-        entries.pop(key, None)  # re-inserted last: the dict's order is the eviction order
-        entries[key] = {"state": state, "saved": time.time()}
-        while len(entries) > MAX_ENTRIES:
-            entries.pop(next(iter(entries)))
-        self._dirty = True
+        entry = {"state": state, "saved": time.time()}
+        self.entries()[key] = self._changed[key] = entry
         if force or time.monotonic() - self._last_write >= WRITE_EVERY_SECONDS:
             self.flush()
 
     def flush(self) -> None:
-        if not self._dirty:
+        """Write this process's entries into the file as it is now (other processes may have
+        written theirs since it was read), newest last, at most MAX_ENTRIES."""
+        if not self._changed:
             return
-        self._dirty = False
         self._last_write = time.monotonic()
+        entries = self._read()
+        for key, entry in self._changed.items():
+            entries.pop(key, None)  # re-inserted last: the dict's order is the eviction order
+            entries[key] = entry
+        while len(entries) > MAX_ENTRIES:
+            entries.pop(next(iter(entries)))
+        self._changed = {}
         tmp = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".controllers-", suffix=".json")
             with os.fdopen(fd, "w") as f:
-                json.dump(self._entries, f)
+                json.dump(entries, f)
             os.replace(tmp, self.path)  # another process reading sees the old file or the new one
         except OSError:  # read-only home, full disk: the controllers simply start fresh next time
             if tmp is not None and os.path.exists(tmp):

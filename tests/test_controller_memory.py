@@ -118,6 +118,18 @@ def test_the_file_keeps_the_newest_entries_and_survives_damage(tmp_path):
     assert not list(tmp_path.glob(".controllers-*"))
 
 
+def test_processes_writing_one_file_keep_each_others_entries(tmp_path):
+    path = tmp_path / "m.json"
+    first, second = ControllerMemory(path), ControllerMemory(path)
+    assert first.recall("a") is None and second.recall("b") is None  # both read the empty file
+    first.remember("a", {"i": 1}, force=True)
+    second.remember("b", {"i": 2}, force=True)
+    second.remember("b", {"i": 3})  # throttled: written at the next flush (or at exit)
+    assert json.loads(path.read_text())["b"]["state"] == {"i": 2}
+    second.flush()
+    assert {k: v["state"] for k, v in json.loads(path.read_text()).items()} == {"a": {"i": 1}, "b": {"i": 3}}
+
+
 def test_a_second_process_starts_from_the_first_ones_controller(tmp_path):
     """Two loads of the same setup share the file as two processes would: the second's
     controller starts with the first's acceptance evidence; output is the same either way."""
