@@ -27,6 +27,11 @@ class Controller(Protocol):
     def recall(self, memory: dict) -> None: ...
 
 
+def _keyed(table: dict) -> dict[str, float]:
+    """A {K: value} table with JSON's string keys (_floats reads it back)."""
+    return {str(int(k)): v for k, v in table.items()}
+
+
 def _floats(table: dict, keys: set[int] | None = None) -> dict[int, float]:
     """A recalled {"K": value} table as {K: value} (only the given keys); raises on a value that
     is not a finite non-negative number, so that a damaged entry is ignored whole."""
@@ -143,9 +148,9 @@ class DraftLengthController:
         """What a later process should start from (controller_memory.py): acceptance evidence
         and measured costs (a new sequence resets the probe gap anyway)."""
         return {"accepted": self.accepted_count, "rejected": self.rejected_count,
-                "target_seconds": {str(k): v for k, v in self.target_seconds.items()},
+                "target_seconds": _keyed(self.target_seconds),
                 "draft_seconds_per_token": self.draft_seconds_per_token,
-                "overhead_seconds": {str(int(k)): v for k, v in self.overhead_seconds.items()}}
+                "overhead_seconds": _keyed(self.overhead_seconds)}
 
     def recall(self, memory: dict) -> None:
         """Start from an earlier process's state. Costs timed in this process (calibration)
@@ -159,7 +164,7 @@ class DraftLengthController:
         if min(accepted, rejected) < 0:
             raise ValueError("negative count in a recalled controller state")
         self.accepted_count, self.rejected_count = accepted, rejected
-        self.target_seconds = {**target_seconds, **self.target_seconds}
+        self.target_seconds = target_seconds | self.target_seconds
         self.overhead_seconds = {bool(k): v for k, v in overhead.items()} | self.overhead_seconds
         if self.draft_seconds_per_token is None:
             self.draft_seconds_per_token = draft
@@ -260,10 +265,7 @@ class TreeSizeController:
     def memory(self) -> dict:
         """What a later process should start from (controller_memory.py): the decayed tokens,
         seconds and step counts by tree size."""
-        return {"tokens": {str(k): v for k, v in self.tokens.items()},
-                "seconds": {str(k): v for k, v in self.seconds.items()},
-                "weight": {str(k): v for k, v in self.weight.items()},
-                "samples": {str(k): v for k, v in self.samples.items()}}
+        return {name: _keyed(getattr(self, name)) for name in ("tokens", "seconds", "weight", "samples")}
 
     def recall(self, memory: dict) -> None:
         """Start from an earlier process's measurements (sizes this controller does not offer

@@ -64,7 +64,7 @@ class ControllerMemory:
         self._entries: dict[str, dict] | None = None
         self._changed: dict[str, dict] = {}  # entries this process wrote, not yet in the file
         self._last_write = 0.0
-        atexit.register(self.flush)  # what a throttled remember() left unwritten
+        self._exit_flush = False  # registered with atexit on the first remember()
 
     def _read(self) -> dict[str, dict]:
         try:
@@ -86,6 +86,9 @@ class ControllerMemory:
         """Store a controller's state; written to the file now unless it was written less than
         WRITE_EVERY_SECONDS ago (then with a later call, or flush())."""
         entry = {"state": state, "saved": time.time()}
+        if not self._exit_flush:  # what a throttled write leaves unwritten
+            self._exit_flush = True
+            atexit.register(self.flush)
         self.entries()[key] = self._changed[key] = entry
         if force or time.monotonic() - self._last_write >= WRITE_EVERY_SECONDS:
             self.flush()

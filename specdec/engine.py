@@ -153,8 +153,10 @@ class Engine:
     def remember(self, seq: Sequence) -> None:
         """Leave the state of seq's controller (if it is this engine's controller for seq's
         sampling settings) in memory for later processes (see controller_for)."""
+        if self.memory is None:
+            return
         key = sampling_key(seq.params)
-        if self.memory is not None and self._controllers.get(key) is seq.controller:
+        if self._controllers.get(key) is seq.controller:
             self.memory.remember(self._memory_key(key), seq.controller.memory())
 
     def new_controller(self) -> Controller:

@@ -23,6 +23,7 @@ from specdec.penalties import PenaltyRows, TokenHistory, adjust_logits, tree_pat
 from specdec.proposers.base import Proposal
 from specdec.proposers.draft_vocab import expand_logits
 from specdec.proposers.head_folder import load_head, save_head
+from specdec.proposers.trees import node_budgets
 from specdec.sampling import SamplingParams, draw_distinct, final_probs
 from specdec.seeded import PositionNoise
 
@@ -112,8 +113,7 @@ class EagleProposer:
         self.head, self.embed, self.lm_head = head, embed, lm_head
         self.vocab_size = embed.num_embeddings
         self.tree = tree or TreeShape()
-        n = self.tree.nodes
-        self.tree_sizes = sorted({min(s, n) for s in (2, 4, 8, 16, n)})
+        self.tree_sizes = node_budgets(self.tree.nodes)
         self.cache = head.new_cache(max_len + self.tree.depth * self.tree.expand + 8)
         self.reset([])
 

@@ -15,7 +15,7 @@ from specdec.models.runner import tensor_bytes
 from specdec.penalties import TokenHistory, adjust_logits
 from specdec.proposers.base import Proposal
 from specdec.proposers.head_folder import load_head, save_head
-from specdec.proposers.trees import tree_from_choices
+from specdec.proposers.trees import node_budgets, tree_from_choices
 from specdec.sampling import SamplingParams, draw_distinct, final_probs
 from specdec.seeded import PositionNoise
 
@@ -74,8 +74,7 @@ class MedusaProposer:
         self.choices = [tuple(c) for c in choices]
         self.max_rank = [1 + max((c[d] for c in self.choices if len(c) > d), default=0)
                          for d in range(len(heads.heads))]
-        n = len(self.choices)
-        self.tree_sizes = tree_sizes or sorted({min(s, n) for s in (2, 4, 8, 16, n)})
+        self.tree_sizes = tree_sizes or node_budgets(len(self.choices))
         self.last_hidden: torch.Tensor | None = None
 
     def memory_bytes(self) -> int:

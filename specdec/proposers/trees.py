@@ -5,6 +5,17 @@ from __future__ import annotations
 
 import heapq
 
+# Node budgets a tree drafter offers its controller, capped at its largest tree. The smallest is
+# 2 nodes: where plain steps win (T=1), the controller's exploration and probes use the
+# smallest tree; with 4 nodes the smallest, eagle and medusa one-shot calls at T=1 ran at
+# 0.92-0.98x of plain decoding (bench/README.md, stop 29).
+TREE_BUDGETS = (2, 4, 8, 16)
+
+
+def node_budgets(max_nodes: int) -> list[int]:
+    """The tree sizes (node budgets) of a drafter whose largest tree has max_nodes nodes."""
+    return sorted({min(s, max_nodes) for s in (*TREE_BUDGETS, max_nodes)})
+
 
 def build_tree(rank_accuracy: list[list[float]], num_nodes: int) -> list[tuple[int, ...]]:
     """Greedy expected-acceptance construction (Medusa paper): repeatedly add the choice with
