@@ -1,12 +1,14 @@
 """ms per target pass over T tokens (cache prefilled with 200 tokens), for several runtime
 variants: projections unfused, fused, fused + packed for oneDNN (the default), fused +
-weight-only int8 / int4, and the layers compiled by inductor ("compiled", fast kernels only);
+weight-only int8 / int4, and the layers compiled by inductor ("compiled", "int8-compiled",
+"int4-compiled": fast kernels only);
 a variant ending in "-exact" runs exact mode's kernels. The 1..32
 columns are the cost curve speculation lives on; T=256 is a prefill chunk.
 
     python scripts/pass_costs.py smollm2 bfloat16 [threads] [variants]
     python scripts/pass_costs.py smollm2 bfloat16 2 fused,packed,fused-exact,packed-exact
     python scripts/pass_costs.py smollm2 bfloat16 2 packed,compiled
+    python scripts/pass_costs.py smollm2 bfloat16 2 int8,int8-compiled,int4-compiled
 """
 import sys
 
@@ -22,10 +24,11 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 256)
 
 def make_runner(source, dtype: str, variant: str) -> NativeRunner:
     variant = variant.removesuffix("-exact")
+    quantize, compiled = variant.removesuffix("-compiled"), variant.endswith("compiled")
     runner = NativeRunner(load_native(source, dtype), 1024, fuse=variant != "unfused",
-                          pack=variant in ("packed", "compiled"), compile=variant == "compiled")
-    if variant in ("int8", "int4"):
-        quantize_model(runner.model, variant)
+                          pack=variant in ("packed", "compiled"), compile=compiled)
+    if quantize in ("int8", "int4"):
+        quantize_model(runner.model, quantize)
     return runner
 
 

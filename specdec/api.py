@@ -40,8 +40,6 @@ def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: 
     source = open_model(folder)
     if quantize is not None and backend == "transformers":
         raise SpecdecError("quantization needs the native runtime (--backend auto or native)")
-    if compile and quantize is not None:
-        raise SpecdecError("--compile runs bfloat16/float32 weights; it does not combine with --quantize")
     if compile and backend == "transformers":
         raise SpecdecError("--compile needs the native runtime (--backend auto or native)")
     if source.is_gguf and backend == "transformers":

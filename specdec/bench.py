@@ -286,7 +286,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                      group_size=args.group_size)
     print_table(rows)
     curves = (pass_cost_curves(args.target or DEFAULT_TARGET, args.dtype, args.quantize, args.group_size,
-                               llama_server, llama_gguf) if args.pass_costs else [])
+                               llama_server, llama_gguf, compiled=any(m.endswith("@compile") for m in methods))
+              if args.pass_costs else [])
     if curves:
         print_cost_table(curves)
     if args.json:
@@ -332,7 +333,8 @@ def add_parser(sub) -> None:
     add_threads_arg(b)
     b.add_argument("--pass-costs", action="store_true",
                    help="also time target passes over 1/4/16/32 tokens (specdec, and llama.cpp's llama-bench on "
-                        "the same GGUF when a build is found) against this machine's memory-bandwidth bound")
+                        "the same GGUF when a build is found; with NAME@compile methods, specdec --compile too) "
+                        "against this machine's memory-bandwidth bound")
     b.add_argument("--json")
     b.add_argument("--plot")
     b.set_defaults(func=cmd_bench)

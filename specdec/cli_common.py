@@ -50,7 +50,8 @@ def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHOD
                         "for a second copy of those weights in memory (default on; --no-pack saves the memory)")
     p.add_argument("--compile", action="store_true",
                    help="run the model's layers through PyTorch's inductor: faster single-sequence passes on CPU "
-                        "after 35-90 s of compilation at load; implies --no-exact (the fastest kernels)")
+                        "(SmolLM2: ~3x plain decoding) after 1-2 minutes of compilation at load; implies "
+                        "--no-exact (the fastest kernels)")
     p.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
                    help="the draft-length / tree-size controllers start from what earlier runs learned with this "
                         "setup on this machine (acceptance, pass costs) and leave what they learn, in "

@@ -68,11 +68,12 @@ def streaming_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
     return buffer.numel() * 4 / best
 
 
-def specdec_curve(runner: NativeRunner, bandwidth: float, widths=WIDTHS, repeats: int = 9) -> CostCurve:
+def specdec_curve(runner: NativeRunner, bandwidth: float, engine: str = "specdec", widths=WIDTHS,
+                  repeats: int = 9) -> CostCurve:
     for width in widths:
-        median_pass_ms(runner, width, 2)  # warm-up: first calls of each shape pay kernel selection
+        median_pass_ms(runner, width, 2)  # warm-up: first calls of each shape pay kernel selection (or compile)
     nbytes = weight_bytes_per_pass(runner)
-    return CostCurve("specdec", {w: round(median_pass_ms(runner, w, repeats), 2) for w in widths}, nbytes,
+    return CostCurve(engine, {w: round(median_pass_ms(runner, w, repeats), 2) for w in widths}, nbytes,
                      round(bandwidth / nbytes, 1))
 
 
@@ -99,18 +100,21 @@ def llama_bench_binary(llama_server: Path) -> Path | None:
 
 
 def pass_cost_curves(target: str | Path, dtype: str, quantize: str | None, group_size: int,
-                     llama_server: Path | None, llama_gguf: Path | None) -> list[CostCurve]:
+                     llama_server: Path | None, llama_gguf: Path | None, compiled: bool = False) -> list[CostCurve]:
     """The cost curves of `specdec bench --pass-costs`: the target as the bench ran it (dtype,
-    quantization), and llama.cpp on the bench's GGUF (default: the target written in dtype)."""
+    quantization; compiled: also through inductor, as NAME@compile methods run it), and
+    llama.cpp on the bench's GGUF (default: the target written in dtype)."""
     from specdec.api import load_runner
     from specdec.bench_peers import llama_cpp_gguf
 
     bandwidth = streaming_bandwidth()
-    runner = load_runner(target, dtype, quantize=quantize, group_size=group_size)
-    if not isinstance(runner, NativeRunner):
-        raise SpecdecError("--pass-costs times the native runtime; this target runs on transformers")
-    curves = [specdec_curve(runner, bandwidth)]
-    del runner
+    curves = []
+    for engine, compile in [("specdec", False)] + ([("specdec --compile", True)] if compiled else []):
+        runner = load_runner(target, dtype, quantize=quantize, group_size=group_size, compile=compile)
+        if not isinstance(runner, NativeRunner):
+            raise SpecdecError("--pass-costs times the native runtime; this target runs on transformers")
+        curves.append(specdec_curve(runner, bandwidth, engine))
+        del runner
     bench_binary = llama_bench_binary(llama_server) if llama_server else None
     if bench_binary is not None:
         with tempfile.TemporaryDirectory(prefix="specdec-bench-") as folder:

@@ -157,3 +157,14 @@ def test_pass_costs_table_and_json(tmp_path, capsys, monkeypatch):
     assert curve["bytes_per_pass"] == everything - embedding.numel() * embedding.element_size()
     assert curve["bound_tokens_per_second"] > 0
     assert "ms per target pass" in capsys.readouterr().out
+
+
+def test_compiled_pass_costs_time_the_compiled_passes_too(tmp_path):
+    """What `bench --pass-costs` adds when NAME@compile methods ran (no llama.cpp build given)."""
+    from specdec.pass_costs import pass_cost_curves
+
+    target = make_model_dir(tmp_path / "t", layers=2, max_pos=2048)
+    eager, compiled = pass_cost_curves(target, "float32", None, 32, None, None, compiled=True)
+    assert (eager.engine, compiled.engine) == ("specdec", "specdec --compile")
+    assert sorted(compiled.ms_per_pass) == [1, 4, 16, 32] and all(ms > 0 for ms in compiled.ms_per_pass.values())
+    assert compiled.bytes_per_pass == eager.bytes_per_pass
