@@ -1,6 +1,8 @@
 """The layers compiled by inductor (models/compiled.py): every kind of fast pass agrees with the
 eager reference, two compiled models in one process keep their own weights, and the API refuses
 what compiling cannot honour. Compiling the bundled target takes ~10-20 s here."""
+import sys
+
 import pytest
 import torch
 
@@ -8,6 +10,7 @@ import specdec
 from specdec.bundled import DEFAULT_TARGET
 from specdec.errors import SpecdecError
 from specdec.models import load_native
+from specdec.models.compiled import quietly
 from specdec.models.runner import NativeRunner
 from tests.test_packed import _passes
 
@@ -41,15 +44,27 @@ def test_compiled_speculative_greedy_output_equals_eager_plain_decoding():
         assert got.stats.accepted_tokens > 0
 
 
-def test_compiled_int8_greedy_output_equals_eager_int8_and_decoding_runs_the_one_row_graph(capfd):
-    """Quantized weights compile too (inductor lowers the int8 kernel to its own template); the
-    1-token graph autotunes quietly."""
+def test_compiled_int8_greedy_output_equals_eager_int8_and_decoding_runs_the_one_row_graph():
+    """Quantized weights compile too (inductor lowers the int8 kernel to its own template)."""
     plain = specdec.load(method="none", quantize="int8", calibrate=False)
     compiled = specdec.load(method="none", quantize="int8", compile=True, calibrate=False)
     prompt = "def parse_args(argv):\n    parser = argparse.ArgumentParser()\n"
     assert compiled.generate(prompt, max_new_tokens=32).token_ids == plain.generate(prompt, max_new_tokens=32).token_ids
     assert compiled.engine.target.model.compiled.one_compiled  # decode steps ran the 1-row graph
-    assert "AUTOTUNE" not in capfd.readouterr().err
+
+
+def test_autotuning_output_is_held_back_unless_compiling_fails(capsys):
+    def autotune(fail: bool) -> int:
+        sys.stderr.write("AUTOTUNE linear(1x576, 960x576)\n")
+        if fail:
+            raise RuntimeError("compile failed")
+        return 7
+
+    assert quietly(autotune, False) == 7
+    assert capsys.readouterr().err == ""
+    with pytest.raises(RuntimeError, match="compile failed"):
+        quietly(autotune, True)
+    assert "AUTOTUNE linear" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("options, message", [
