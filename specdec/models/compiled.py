@@ -104,11 +104,9 @@ def compiled_forward(embed: nn.Module, layers: nn.ModuleList, norm: nn.Module,
         # freezing is read from inductor's config when a graph compiles, not from options
         if args[0].shape[1] == 1:
             with inductor_config.patch(freezing=True, **ONE_ROW_GEMM):
-                if call.one_compiled:
-                    return compiled_one(*args)
-                out = quietly(compiled_one, *args)
-                call.one_compiled = True
-                return out
+                out = compiled_one(*args) if call.one_compiled else quietly(compiled_one, *args)
+            call.one_compiled = True
+            return out
         with inductor_config.patch(freezing=True):
             return compiled_many(*args)
 
