@@ -7,6 +7,11 @@ passes a graph of their own on the template (ONE_ROW_GEMM).
     python scripts/gemm_template.py eager 1
     python scripts/gemm_template.py default 1,4,16,32
     python scripts/gemm_template.py cpp 1,4,16,32
+    python scripts/gemm_template.py peak 2048   # this machine's bf16 GEMM throughput, square
+
+"peak" is the arithmetic floor under a wide pass: a T-row pass over W weights needs 2*T*W
+flops however its kernel streams them (stop 31: 375-403 GFLOP/s here, so SmolLM2's 16-row pass
+needs >= 10.7 ms; the stack above ran 16 rows at 175-195 GFLOP/s on the template).
 """
 import sys
 import time
@@ -47,6 +52,11 @@ def median_ms(fn, x: torch.Tensor, repeats: int = 30) -> float:
 def main() -> None:
     torch.set_num_threads(2)
     mode, rows = sys.argv[1], [int(r) for r in sys.argv[2].split(",")]
+    if mode == "peak":
+        a, b = (torch.randn(rows[0], rows[0]).bfloat16() for _ in range(2))
+        ms = median_ms(lambda x: x @ b, a, repeats=10)
+        print(f"bf16 {rows[0]}^3 matmul: {ms:.2f} ms, {2 * rows[0] ** 3 / ms / 1e6:.0f} GFLOP/s", flush=True)
+        return
     model = Stack().bfloat16().eval()
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     options = {"freezing": True}
@@ -61,7 +71,8 @@ def main() -> None:
             print(f"{mode}: compiled in {time.perf_counter() - t0:.1f} s", flush=True)
         for r in rows:
             ms = median_ms(fn, torch.randn(r, 576).bfloat16())
-            print(f"{mode} rows={r}: {ms:.2f} ms a pass, {nbytes / ms / 1e6:.1f} GB/s of weights", flush=True)
+            print(f"{mode} rows={r}: {ms:.2f} ms a pass, {nbytes / ms / 1e6:.1f} GB/s of weights, "
+                  f"{r * nbytes / ms / 1e6:.0f} GFLOP/s", flush=True)
 
 
 if __name__ == "__main__":

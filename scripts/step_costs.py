@@ -5,6 +5,7 @@ own StepRecords, next to plain decoding's step. Fixed tree sizes, the bench's pr
 
     OMP_NUM_THREADS=2 python scripts/step_costs.py --target smollm2 --method eagle --dtype bfloat16
     OMP_NUM_THREADS=2 python scripts/step_costs.py --target smollm2 --method eagle --dtype bfloat16 --no-exact
+    OMP_NUM_THREADS=2 python scripts/step_costs.py --target smollm2 --method eagle --dtype bfloat16 --compile
 """
 from __future__ import annotations
 
@@ -47,17 +48,19 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--no-exact", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="the target's passes compiled (implies --no-exact)")
     ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled, prompt i with seed i")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    exact = False if args.no_exact else None
+    exact = False if args.no_exact or args.compile else None
     suite = build_suite(args.prompts, args.tasks.split(","))
     rows = []
-    plain = specdec.load(target=args.target, dtype=args.dtype, exact=exact)
+    plain = specdec.load(target=args.target, dtype=args.dtype, exact=exact, compile=args.compile)
     prompts = [p.text for p in render_chat(suite, ChatTemplate.from_tokenizer_config(plain.tokenizer.config))]
     for size in (int(s) for s in args.sizes.split(",")):
         decoder = plain if size == 0 else specdec.load(target=args.target, method=args.method, draft=args.draft,
-                                                       dtype=args.dtype, exact=exact, draft_tokens=size)
+                                                       dtype=args.dtype, exact=exact, draft_tokens=size,
+                                                       compile=args.compile)
         row = {"nodes": size, **measure(decoder, prompts, args.tokens, args.temperature)}
         rows.append(row)
         print(json.dumps(row), flush=True)

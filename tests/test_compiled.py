@@ -10,7 +10,7 @@ import specdec
 from specdec.bundled import DEFAULT_TARGET
 from specdec.errors import SpecdecError
 from specdec.models import load_native
-from specdec.models.compiled import quietly
+from specdec.models.compiled import INT8_ONE_ROW_GEMM, ONE_ROW_GEMM, quietly
 from specdec.models.runner import NativeRunner
 from tests.test_packed import _passes
 
@@ -29,6 +29,7 @@ def test_compiled_passes_match_eager_and_models_keep_their_weights():
         for a, b in zip(_passes(compiled, exact=False), _passes(eager, exact=False), strict=True):
             assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
         assert compiled.model.compiled.passes >= 6  # decode steps, the chain and the tree ran compiled
+        assert compiled.model.compiled.one_row_gemm is ONE_ROW_GEMM  # float weights: the timed choice
         assert eager.model.compiled is None
 
 
@@ -51,6 +52,7 @@ def test_compiled_int8_greedy_output_equals_eager_int8_and_decoding_runs_the_one
     prompt = "def parse_args(argv):\n    parser = argparse.ArgumentParser()\n"
     assert compiled.generate(prompt, max_new_tokens=32).token_ids == plain.generate(prompt, max_new_tokens=32).token_ids
     assert compiled.engine.target.model.compiled.one_compiled  # decode steps ran the 1-row graph
+    assert compiled.engine.target.model.compiled.one_row_gemm is INT8_ONE_ROW_GEMM  # on the template alone
 
 
 def test_autotuning_output_is_held_back_unless_compiling_fails(capsys):

@@ -6,7 +6,8 @@ residuals, SiLU) into a few C++ loops per layer; freezing folds the weights in a
 packs them once. Two graphs: 1-token passes (decoding), whose matrix-vector products run on
 inductor's own C++ GEMM template where it times faster than oneDNN's kernel (ONE_ROW_GEMM),
 and verify passes of 2 to MAX_ROWS tokens, on oneDNN's kernels. Quantized weights (int8/int4)
-compile too: inductor lowers PyTorch's weight-only kernels to the same template.
+compile too: inductor lowers PyTorch's weight-only kernels to the same template (int8's 1-token
+products to the template alone, INT8_ONE_ROW_GEMM).
 
 Compiled passes are the fast (not batch-invariant) kind: their rounding differs from the eager
 kernels', and a fused 1-token pass rounds differently from a fused 16-token one. So a compiled
@@ -47,6 +48,12 @@ SMALL_MODEL_BYTES = 100 * 2**20
 # on oneDNN's kernels).
 ONE_ROW_GEMM = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                 "max_autotune_report_choices_stats": False}
+# int8 weights: the template alone. Timed one shape at a time, PyTorch's `_weight_int8pack_mm`
+# wins some shapes by noise-sized margins, and the pick is cached on disk for later processes;
+# in the whole pass the template alone was faster (SmolLM2, 150-token context, best of 5 in one
+# process, twice: 7.56 / 7.64 ms a step against 8.22 / 8.53 with both kernels; bf16 and int4: no
+# difference beyond noise, so they keep the choice)
+INT8_ONE_ROW_GEMM = {**ONE_ROW_GEMM, "max_autotune_gemm_backends": "CPP"}
 MAX_ROWS = 128  # decode steps, chains and trees; prefill chunks run eagerly (one graph less to compile)
 
 
@@ -56,6 +63,11 @@ def use_compiled(rows: int, past: int, exact: bool, cache, device: torch.device)
     batched passes, models/batch.py, run eagerly)."""
     return (not exact and type(cache) is KVCache and not torch.is_grad_enabled() and device.type == "cpu"
             and rows <= MAX_ROWS and past >= 2)
+
+
+def one_row_gemm(layers: nn.ModuleList) -> dict:
+    """The autotuning options of the 1-token graph for these layers' weights."""
+    return INT8_ONE_ROW_GEMM if any(b.dtype == torch.int8 for b in layers.buffers()) else ONE_ROW_GEMM
 
 
 def quietly(fn: Callable, *args):
@@ -103,7 +115,9 @@ def compiled_forward(embed: nn.Module, layers: nn.ModuleList, norm: nn.Module,
         call.passes += 1
         # freezing is read from inductor's config when a graph compiles, not from options
         if args[0].shape[1] == 1:
-            with inductor_config.patch(freezing=True, **ONE_ROW_GEMM):
+            # read at the first pass: the weights are quantized after the graphs are set up
+            call.one_row_gemm = call.one_row_gemm or one_row_gemm(layers)
+            with inductor_config.patch(freezing=True, **call.one_row_gemm):
                 out = compiled_one(*args) if call.one_compiled else quietly(compiled_one, *args)
             call.one_compiled = True
             return out
@@ -112,4 +126,5 @@ def compiled_forward(embed: nn.Module, layers: nn.ModuleList, norm: nn.Module,
 
     call.passes = 0  # passes run compiled (the tests check that they did)
     call.one_compiled = False
+    call.one_row_gemm = None
     return call
