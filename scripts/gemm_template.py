@@ -1,8 +1,8 @@
 """30 layers of SmolLM2's projection shapes (960x576 q/k/v, 576x576 o, 3072x576 gate/up,
 576x1536 down; bf16, random weights, not in cache) as one compiled graph: eager oneDNN,
 inductor's default lowering (oneDNN, packed) and inductor's C++ GEMM template ("cpp",
-max-autotune over CPP,ATEN), ms a pass for 1 to 32 rows. Why models/compiled.py gives 1-token
-passes a graph of their own on the template (ONE_ROW_GEMM).
+max-autotune over CPP,ATEN: compiled.ONE_ROW_GEMM), ms a pass for 1 to 32 rows. Why
+models/compiled.py gives 1-token passes a graph of their own on the template.
 
     python scripts/gemm_template.py eager 1
     python scripts/gemm_template.py default 1,4,16,32
@@ -18,6 +18,8 @@ import time
 
 import torch
 import torch._inductor.config as inductor_config
+
+from specdec.models.compiled import ONE_ROW_GEMM
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 LAYERS = 30
@@ -61,7 +63,7 @@ def main() -> None:
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     options = {"freezing": True}
     if mode == "cpp":
-        options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
+        options.update(ONE_ROW_GEMM)  # what models/compiled.py compiles 1-token passes with
     fn = model
     with inductor_config.patch(**options):
         if mode != "eager":
