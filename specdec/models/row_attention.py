@@ -14,7 +14,7 @@ The arithmetic is the float32 kernel's (scores, softmax and weighted sum in floa
 rounding to bfloat16 at the end), in another summation order: the fast (not batch-invariant)
 kind, like the compiled passes. Exact mode keeps exact_attend_row.
 
-It is a torch custom op (`specdec::attend_row_bf16`), so that dynamo and inductor treat it as
+It is a torch op of ours (`specdec::attend_row_bf16`), so that dynamo and inductor treat it as
 one opaque call inside a compiled graph. The C++ is compiled on first use by inductor's own
 toolchain (the compiler, flags and disk cache its generated kernels use); where that fails the
 op computes exact.attend_row's way instead, and `kernel_error()` says why."""
@@ -23,13 +23,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-CHUNK = 256  # keys per work item; must match the C++ source
-MAX_HEAD_DIM, MAX_GROUP = 256, 16  # the C++ kernel's fixed-size scratch
+CHUNK = 256  # keys per work item (written into the C++ source below)
+MAX_HEAD_DIM, MAX_GROUP = 256, 16  # the sizes of the C++ kernel's scratch arrays
 
 SOURCE = r"""
 #include <torch/csrc/inductor/cpp_prefix.h>
 
-constexpr int64_t MAX_HD = 256, MAX_GROUP = 16, CHUNK = 256;
+@LIMITS@
 using Half = at::vec::Vectorized<at::BFloat16>;
 using Floats = at::vec::VectorizedN<float, 2>;  // one Half's worth of floats
 using Vec = at::vec::Vectorized<float>;
@@ -104,6 +104,8 @@ extern "C" void kernel(const at::BFloat16* q, const at::BFloat16* k, const at::B
 }
 """
 
+SOURCE = SOURCE.replace(
+    "@LIMITS@", f"constexpr int64_t MAX_HD = {MAX_HEAD_DIM}, MAX_GROUP = {MAX_GROUP}, CHUNK = {CHUNK};")
 _ARGTYPES = ["const at::BFloat16*"] * 3 + ["at::BFloat16*", "float*"] + ["int64_t"] * 7
 _built: dict = {}  # "kernel" or "error", set by the first call
 
