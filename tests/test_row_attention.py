@@ -80,7 +80,7 @@ def test_decoding_with_the_kernel_keeps_the_float32_copy_paths_output(monkeypatc
 def test_compiled_bf16_passes_call_the_kernel_inside_their_graph():
     """A small random bf16 model, compiled without timing GEMM kernels (the bundled target with
     them took ~40 s here): its 1-token passes call the op inside the graph, and their logits
-    match the eager passes' to bf16's rounding."""
+    stay within 5% of the largest eager logit (compiled and eager passes round differently)."""
     config = ModelConfig(vocab_size=96, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
     torch.manual_seed(0)
