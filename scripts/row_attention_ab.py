@@ -11,25 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
 from specdec.api import load_runner
 from specdec.models import row_attention
-
-
-def pass_ms(runner, cached: int, repeats: int) -> float:
-    """Median ms of a 1-token pass after `cached` tokens."""
-    runner.reset()
-    runner.extend(list(range(100, 100 + cached)))
-    base, times = runner.length, []
-    for _ in range(repeats):
-        runner.rollback(base)
-        t0 = time.perf_counter()
-        runner.extend([5])
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2] * 1e3
+from specdec.pass_costs import median_pass_ms
 
 
 def main() -> None:
@@ -51,14 +38,14 @@ def main() -> None:
         # each copy runs with the switch it was traced with
         row_attention.supports = switch[name]
         runners[name] = load_runner(args.target, args.dtype, compile=True, quantize=args.quantize)
-        pass_ms(runners[name], 60, 3)
-        pass_ms(runners[name], 300, 3)
+        median_pass_ms(runners[name], 1, 3, cached=60)
+        median_pass_ms(runners[name], 1, 3, cached=300)
     best = {(name, n): float("inf") for name in runners for n in lengths}
     for _ in range(args.rounds):
         for n in lengths:
             for name, runner in runners.items():
                 row_attention.supports = switch[name]
-                best[name, n] = min(best[name, n], pass_ms(runner, n, args.repeats))
+                best[name, n] = min(best[name, n], median_pass_ms(runner, 1, args.repeats, cached=n))
     row_attention.supports = switch["kernel"]
     rows = []
     for n in lengths:

@@ -30,11 +30,12 @@ class CostCurve:
     bound_tokens_per_second: float | None = None  # plain decoding at the bandwidth limit
 
 
-def median_pass_ms(runner: NativeRunner, width: int, repeats: int, exact: bool = False) -> float:
-    """Median ms of a pass over `width` new tokens after CACHED_TOKENS cached ones (exact:
-    with exact mode's batch-invariant kernels)."""
+def median_pass_ms(runner: NativeRunner, width: int, repeats: int, exact: bool = False,
+                   cached: int = CACHED_TOKENS) -> float:
+    """Median ms of a pass over `width` new tokens after `cached` cached ones (exact: with
+    exact mode's batch-invariant kernels)."""
     runner.reset()
-    runner.extend(list(range(100, 100 + CACHED_TOKENS)))
+    runner.extend(list(range(100, 100 + cached)))
     base = runner.length
     times = []
     for _ in range(repeats):
