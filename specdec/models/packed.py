@@ -12,7 +12,8 @@ linears) made SmolLM2's bf16 1-token pass 17.0 -> 14.0 ms here and its greedy de
   lm_head of SmolLM2: 7.0 -> 2.6 ms per 1-row pass). They agree to rounding (checked), not bit
   for bit; exact mode's row-invariant plans (exact.py) are checked on the packed kernel itself.
 
-Where the op is missing, or a check fails, weights are left unpacked and F.linear is used."""
+Where the op is missing or refuses the CPU (bf16 packing needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT),
+or a check fails, weights are left unpacked and F.linear is used."""
 from __future__ import annotations
 
 import torch
@@ -86,8 +87,14 @@ def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Packe
     CPU, no oneDNN) or its products would not agree with F.linear's (checked once per shape)."""
     if weight.dtype not in PACKED_DTYPES or weight.device.type != "cpu" or not packing_available():
         return None
-    packed = PackedWeight(weight)
     key = (tuple(weight.shape), weight.dtype, bias is not None, torch.get_num_threads())
+    if _verdicts.get(key) is False:
+        return None
+    try:
+        packed = PackedWeight(weight)
+    except RuntimeError:  # oneDNN's bf16 packing needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT
+        _verdicts[key] = False
+        return None
     if key not in _verdicts:
         _verdicts[key] = _agrees_with_linear(packed, bias)
     return packed if _verdicts[key] else None

@@ -6,8 +6,8 @@ or quartering (int4) the bytes read is what makes a memory-bound pass faster.
 - int4: asymmetric, one scale and zero per group of `group_size` inputs
   (torch._weight_int4pack_mm_for_cpu, gpt-fast's layout: w = (q - 8) * scale + zero).
 
-Both kernels compute each row on its own: a row's output is bit-identical whatever the number
-of rows in the pass (checked by tests/test_quant.py), so exact mode costs nothing extra here.
+Exact mode computes int8 rows on the batch-invariant kernel (kernels/rows.cpp) and int4 rows
+one kernel call per row (exact.py): PyTorch's kernels give no such promise.
 Their cost grows ~1 ms per row past 4 rows (SmolLM2, bench/README.md), so for wide non-exact
 passes (a prefill) int8 multiplies by the weight dequantized on the fly; int4 keeps its
 kernel (its weights cannot be unpacked cheaply): a SmolLM2 prefill then costs 1.2 ms per
@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.errors import SpecdecError
+from specdec.kernels import invariant
+from specdec.models.exact import rows_alone
 
 QUANT_MODES = ("int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
@@ -73,16 +75,31 @@ class QuantizedLinear(nn.Module):
     def product(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
         """The output unsplit (a fused projection's parts side by side, as FusedLinear.product)."""
         rows = x.reshape(-1, self.in_features).to(self.dtype)
-        if self.mode == "int4":
-            y = torch._weight_int4pack_mm_for_cpu(rows, self.qweight, self.group_size, self.scales)
-            y = y[:, :self.out_features] if y.shape[1] != self.out_features else y
-        elif exact or rows.shape[0] <= KERNEL_MAX_ROWS:
+        if exact:
+            y = self._exact_product(rows)
+        elif self.mode == "int4":
+            y = self._int4_product(rows)
+        elif rows.shape[0] <= KERNEL_MAX_ROWS:
             y = torch._weight_int8pack_mm(rows, self.qweight, self.scales)
         else:
             y = F.linear(rows, self.dequantized())
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _int4_product(self, rows: torch.Tensor) -> torch.Tensor:
+        y = torch._weight_int4pack_mm_for_cpu(rows, self.qweight, self.group_size, self.scales)
+        return y[:, :self.out_features] if y.shape[1] != self.out_features else y
+
+    def _exact_product(self, rows: torch.Tensor) -> torch.Tensor:
+        """Every row computed alike whatever the number of rows: int8 on the invariant kernel,
+        otherwise one kernel call per row (exact.py)."""
+        if self.mode == "int8":
+            y = invariant.linear(rows, self.qweight, self.scales)
+            if y is not None:
+                return y.to(self.dtype)
+            return rows_alone(lambda row: torch._weight_int8pack_mm(row, self.qweight, self.scales), rows)
+        return rows_alone(self._int4_product, rows)
 
 
 def group_for(in_features: int, group_size: int) -> int:

@@ -1,0 +1,117 @@
+"""Compiling rows.cpp on the user's machine and loading it with ctypes.
+
+Why a plain shared library: it compiles in about a second with the system's C++ compiler (no
+torch headers), and loads through ctypes, Python's public foreign-function interface. Built
+once per source, compiler and flags into the user's cache ($XDG_CACHE_HOME/specdec/kernels,
+or $SPECDEC_KERNEL_CACHE), written under a temporary name and renamed, so that processes
+starting together do not read a half-written file. Its OpenMP runtime is the one PyTorch has
+already loaded (the same libgomp.so.1), so the two share one thread pool.
+
+SPECDEC_KERNELS=off turns the kernels off (the exact paths then compute a row at a time with
+PyTorch's kernels, see models/exact.py); where the CPU lacks AVX2 and FMA or no compiler is
+found, `load()` returns None and `unavailable()` says why."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("rows.cpp")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared", "-std=c++17", "-fno-fast-math"]
+REQUIRED_CPU_FLAGS = ("avx2", "fma")
+_why: list[str] = []  # why the kernels are unavailable, set by load()
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux reports them (empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown CPU"
+    line = next((line for line in text.splitlines() if line.startswith("model name")), ":unknown CPU")
+    return line.partition(":")[2].strip()
+
+
+def cache_dir() -> Path:
+    if os.environ.get("SPECDEC_KERNEL_CACHE"):
+        return Path(os.environ["SPECDEC_KERNEL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdec" / "kernels"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _build(compiler: str) -> Path:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    source = SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    target = cache_dir() / f"rows-{digest}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:500]}")
+        os.replace(built, target)
+    return target
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    for name in ("linear_bf16", "linear_f32"):
+        getattr(lib, name).argtypes = [p, p, p, i64, i64, i64]
+    lib.linear_i8.argtypes = [p, p, p, p, i64, i64, i64]
+    for name in ("attend_bf16", "attend_f32"):
+        getattr(lib, name).argtypes = [p] * 8 + [i64] * 6 + [f32]
+    for name in ("linear_bf16", "linear_f32", "linear_i8", "attend_bf16", "attend_f32"):
+        getattr(lib, name).restype = None
+
+
+@cache
+def load() -> ctypes.CDLL | None:
+    """The compiled kernels, built on first use, or None (see unavailable())."""
+    if os.environ.get("SPECDEC_KERNELS", "").lower() in ("off", "0", "no"):
+        _why.append("turned off by SPECDEC_KERNELS")
+        return None
+    missing = [flag for flag in REQUIRED_CPU_FLAGS if flag not in cpu_flags()]
+    if missing:
+        _why.append(f"this CPU lacks {', '.join(missing)}")
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        _why.append("no C++ compiler found (install g++ or set CXX)")
+        return None
+    try:
+        import torch  # noqa: F401  (loads PyTorch's OpenMP runtime first, which the library then shares)
+
+        lib = ctypes.CDLL(str(_build(compiler)))
+        _declare(lib)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        _why.append(f"could not build the kernels: {error}")
+        return None
+    return lib
+
+
+def unavailable() -> str | None:
+    """Why the kernels cannot be used here, or None when they can."""
+    return None if load() is not None else _why[-1]

@@ -1,0 +1,52 @@
+"""Which kernel a fast (not exact) projection runs on: PyTorch's (F.linear, or oneDNN's packed
+weight) or the batch-invariant one (rows.cpp), chosen per weight shape, dtype, pass width and
+thread count by timing both on this machine at first use, and remembered for the process.
+
+Why measure: the winner differs by CPU and width. Measured on an AMD EPYC (Zen 3, AVX2, no
+AVX-512; scripts/linear_costs.py): PyTorch's bf16 product costs about as much per row as a
+whole 1-row pass (no batching benefit without native bf16), while the invariant kernel reads
+the weight once for all rows; on CPUs where oneDNN has native bf16 its packed kernel may win."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from specdec.kernels import invariant
+
+MAX_ROWS = 32  # wider passes (prefills) stay on PyTorch's kernels: they are compute-bound
+REPEATS = 3
+_choice: dict[tuple, bool] = {}
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    fn()  # warm: first touches, lazy packing
+    best = float("inf")
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def prefers_invariant(x: torch.Tensor, weight: torch.Tensor, theirs: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+    """Whether the invariant kernel computes x @ weight.T faster than theirs here (timed once per
+    shape, dtype, width and thread count, on x itself)."""
+    m = x.numel() // x.shape[-1]
+    if m > MAX_ROWS or weight.dtype not in invariant.WEIGHT_KERNELS or x.device.type != "cpu":
+        return False
+    key = (tuple(weight.shape), weight.dtype, x.dtype, m, torch.get_num_threads())
+    if key not in _choice:
+        if invariant.load() is None:
+            return False
+        with torch.inference_mode():
+            ours = _seconds(lambda: invariant.linear(x, weight))
+            other = _seconds(lambda: theirs(x))
+        _choice[key] = ours < other
+    return _choice[key]
+
+
+def choices() -> dict[tuple, bool]:
+    """What was chosen so far: (weight shape, weight dtype, input dtype, rows, threads) -> invariant."""
+    return dict(_choice)

@@ -1,0 +1,83 @@
+"""The batch-invariant C++ kernels (specdec/kernels): built here or refused with a reason, as
+accurate as float32 arithmetic, and every row's bits independent of the rest of the call."""
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec.kernels import build, choose, invariant
+
+needs_kernels = pytest.mark.skipif(build.load() is None, reason=f"kernels unavailable: {build.unavailable()}")
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int8])
+def test_products_are_float32_accurate_and_row_invariant(dtype):
+    g = torch.Generator().manual_seed(0)
+    N, K = 45, 1003  # no multiple of a tile or a vector
+    if dtype == torch.int8:
+        weight = torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8)
+        scale = torch.rand(N, generator=g) / 127
+    else:
+        weight, scale = (torch.randn(N, K, generator=g) * 0.05).to(dtype), None
+    x = torch.randn(21, K, generator=g)
+    y = invariant.linear(x, weight, scale)
+    reference = F.linear(x.double(), weight.double() * (1 if scale is None else scale.double()[:, None]))
+    assert torch.allclose(y.double(), reference, rtol=1e-5, atol=1e-5 * float(reference.abs().max()))
+    for m in range(1, 22):
+        for start in (0, 21 - m):
+            assert torch.equal(invariant.linear(x[start:start + m], weight, scale), y[start:start + m]), (m, start)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_attention_by_counts_or_positions_gives_the_same_bits(dtype):
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 6, 3, 40, generator=g).to(dtype)  # head size 40: a vector and a tail
+    k, v = (torch.randn(2, 2, 90, 40, generator=g).to(dtype) for _ in range(2))
+    counts = [5, 60, 0, 90, 33, 1]
+    by_count = invariant.attend(q, k, v, counts)
+    by_position = invariant.attend(q, k, v, [], [torch.arange(c) for c in counts])
+    assert torch.equal(by_count, by_position)
+    assert not by_count[0, :, 2].any()  # row b * T + t = 2 has no keys: zeros
+    reference = F.scaled_dot_product_attention(q[:, :, :1].double(), k[:, :, :5].double(), v[:, :, :5].double(),
+                                               enable_gqa=True)
+    assert torch.allclose(by_count[:1, :, :1].double(), reference[:1], atol=1e-5)
+
+
+def test_turned_off_or_refused_with_a_reason(tmp_path):
+    code = ("from specdec.kernels import build, invariant; import torch; "
+            "print(build.load() is None, build.unavailable(), invariant.linear(torch.ones(1, 8), torch.ones(2, 8)))")
+    env = {"SPECDEC_KERNELS": "off", "SPECDEC_KERNEL_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split("\n")[0] == "True turned off by SPECDEC_KERNELS None"
+
+
+@needs_kernels
+def test_built_once_into_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_KERNEL_CACHE", str(tmp_path))
+    compiler = build._compiler()
+    first = build._build(compiler)
+    assert first.parent == tmp_path and first.exists()
+    stamp = first.stat().st_mtime_ns
+    assert build._build(compiler) == first and first.stat().st_mtime_ns == stamp  # not rebuilt
+    assert list(tmp_path.iterdir()) == [first]  # no temporary files left
+
+
+@needs_kernels
+def test_fast_projections_choose_a_kernel_by_timing_and_keep_the_choice():
+    weight = torch.randn(64, 128).to(torch.bfloat16)
+    x = torch.randn(3, 128).to(torch.bfloat16)
+    calls = []
+
+    def theirs(rows):
+        calls.append(rows.shape[0])
+        return F.linear(rows, weight)
+
+    chosen = choose.prefers_invariant(x, weight, theirs)
+    assert calls and chosen == choose.choices()[((64, 128), torch.bfloat16, torch.bfloat16, 3, torch.get_num_threads())]
+    timed = len(calls)
+    assert choose.prefers_invariant(x, weight, theirs) == chosen and len(calls) == timed  # remembered
+    assert not choose.prefers_invariant(torch.randn(choose.MAX_ROWS + 1, 128).bfloat16(), weight, theirs)
