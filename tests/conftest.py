@@ -34,7 +34,7 @@ def kernels(request, monkeypatch):
 # the sibling named in the comment.
 SLOW_TIER = {
     "test_gguf.py::test_smollm2_eagle_head_is_shipped_and_lossless",  # ...draft_model_is_shipped_and_lossless
-    "test_gguf.py::test_smollm2_tokenizer_matches_transformers_gguf_tokenizer",  # ...gguf_tokenizer_matches_the_folder_tokenizer
+    "test_gguf.py::test_smollm2_tokenizer_matches_transformers_gguf_tokenizer",  # ..._matches_the_folder_tokenizer
     "test_bench.py::test_compiled_pass_costs_time_the_compiled_passes_too",  # test_compiled.py
     "test_row_attention.py::test_compiled_bf16_passes_call_the_kernel_inside_their_graph",  # eager kernel test
     "test_tree_methods.py::test_a_tree_verifier_told_the_wrong_draft_distribution_fails",  # test_tree_verify's

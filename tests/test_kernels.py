@@ -80,4 +80,8 @@ def test_fast_projections_choose_a_kernel_by_timing_and_keep_the_choice():
     assert calls and chosen == choose.choices()[((64, 128), torch.bfloat16, torch.bfloat16, 3, torch.get_num_threads())]
     timed = len(calls)
     assert choose.prefers_invariant(x, weight, theirs) == chosen and len(calls) == timed  # remembered
-    assert not choose.prefers_invariant(torch.randn(choose.MAX_ROWS + 1, 128).bfloat16(), weight, theirs)
+    wide = torch.randn(choose.WIDE_ROWS + 9, 128).bfloat16()
+    decided = choose.prefers_invariant(wide, weight, theirs)  # timed once on WIDE_ROWS rows
+    timed = len(calls)
+    assert choose.prefers_invariant(wide[:choose.MAX_ROWS + 1], weight, theirs) == decided and len(calls) == timed
+    assert max(calls) == choose.WIDE_ROWS

@@ -92,9 +92,8 @@ def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Packe
         return None
     try:
         packed = PackedWeight(weight)
+        if key not in _verdicts:
+            _verdicts[key] = _agrees_with_linear(packed, bias)
     except RuntimeError:  # oneDNN's bf16 packing needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT
         _verdicts[key] = False
-        return None
-    if key not in _verdicts:
-        _verdicts[key] = _agrees_with_linear(packed, bias)
     return packed if _verdicts[key] else None
