@@ -77,12 +77,12 @@ def _build(compiler: str) -> Path:
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     for name in ("linear_bf16", "linear_f32"):
-        getattr(lib, name).argtypes = [p, p, p, i64, i64, i64]
-    lib.linear_i8.argtypes = [p, p, p, p, i64, i64, i64]
+        getattr(lib, name).argtypes = [p, i32, p, p, p, i32, i64, i64, i64]
+    lib.linear_i8.argtypes = [p, i32, p, p, p, p, i32, i64, i64, i64]
     for name in ("attend_bf16", "attend_f32"):
-        getattr(lib, name).argtypes = [p] * 8 + [i64] * 6 + [f32]
+        getattr(lib, name).argtypes = [p] * 8 + [i32] + [i64] * 6 + [f32]
     for name in ("linear_bf16", "linear_f32", "linear_i8", "attend_bf16", "attend_f32"):
         getattr(lib, name).restype = None
 

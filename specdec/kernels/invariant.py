@@ -1,8 +1,11 @@
 """Tensor-level calls into rows.cpp's batch-invariant kernels (see its header for why each
 output row's bits do not depend on the rest of the call). Every function returns None where
 the kernels do not apply (not built here, or a dtype they do not take); the caller then uses
-its own row-at-a-time path."""
+its own row-at-a-time path. Inputs and outputs are float32 or bfloat16, read and written by the
+kernels themselves (no conversion copies around the call)."""
 from __future__ import annotations
+
+from functools import lru_cache
 
 import torch
 
@@ -10,29 +13,50 @@ from specdec.kernels.build import load
 
 WEIGHT_KERNELS = {torch.bfloat16: "linear_bf16", torch.float32: "linear_f32", torch.int8: "linear_i8"}
 CACHE_KERNELS = {torch.bfloat16: "attend_bf16", torch.float32: "attend_f32"}
+IO_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor | None:
-    """x [..., K] @ weight.T in float32 ([..., N]); weight [N, K] bfloat16, float32 or int8 (then
-    times scale [N], one per output row). None where the kernels do not apply."""
+def _float32(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.to(torch.float32).contiguous()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
+           bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    """x [..., K] @ weight.T (times scale [N] for int8 weights, plus bias [N]), rounded once to
+    out_dtype (default: x's, float32 or bfloat16); weight [N, K] bfloat16, float32 or int8. None
+    where the kernels do not apply."""
     lib = load()
     name = WEIGHT_KERNELS.get(weight.dtype)
-    if lib is None or name is None or x.device.type != "cpu" or (name == "linear_i8") != (scale is not None):
+    out_dtype = out_dtype or x.dtype
+    if (lib is None or name is None or x.device.type != "cpu" or x.dtype not in IO_DTYPES
+            or out_dtype not in IO_DTYPES or (name == "linear_i8") != (scale is not None)):
         return None
     N, K = weight.shape
-    rows = x.reshape(-1, K).to(torch.float32).contiguous()
+    rows = x.reshape(-1, K).contiguous()
     weight = weight.contiguous()
-    out = torch.empty(rows.shape[0], N, dtype=torch.float32)
+    out = torch.empty(rows.shape[0], N, dtype=out_dtype)
+    x_bf16, y_bf16 = int(rows.dtype == torch.bfloat16), int(out_dtype == torch.bfloat16)
+    bias = _float32(bias)
     if scale is None:
-        getattr(lib, name)(rows.data_ptr(), weight.data_ptr(), out.data_ptr(), rows.shape[0], N, K)
+        getattr(lib, name)(rows.data_ptr(), x_bf16, weight.data_ptr(), _ptr(bias), out.data_ptr(), y_bf16,
+                           rows.shape[0], N, K)
     else:
-        scale = scale.to(torch.float32).contiguous()
-        lib.linear_i8(rows.data_ptr(), weight.data_ptr(), scale.data_ptr(), out.data_ptr(), rows.shape[0], N, K)
+        scale = _float32(scale)
+        lib.linear_i8(rows.data_ptr(), x_bf16, weight.data_ptr(), scale.data_ptr(), _ptr(bias), out.data_ptr(),
+                      y_bf16, rows.shape[0], N, K)
     return out.view(*x.shape[:-1], N)
+
+
+@lru_cache(maxsize=16)
+def _row_layout(B: int, T: int, batch_stride: int, counts: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's sequence offset and key count, as the kernel reads them: built once per pass
+    (its layers share them)."""
+    base = torch.arange(B, dtype=torch.int64).repeat_interleave(T) * batch_stride
+    return base, torch.tensor(counts, dtype=torch.int64)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[int],
@@ -40,26 +64,27 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[int],
     """Attention of query rows q [B, nh, T, hd] over the caches k, v [B, nkv, L, hd] (views of
     one layout; grouped-query heads: head h reads kv head h // (nh / nkv)). Row t of sequence b
     (flat index b * T + t) sees keys 0 .. counts[i] - 1, or with keys, the cache positions
-    keys[i] (in cache order); a count of 0 gives zeros. Float32 out [B, nh, T, hd]; None where
-    the kernels do not apply."""
+    keys[i] (in cache order); a count of 0 gives zeros. Out [B, nh, T, hd] in q's dtype (float32
+    or bfloat16); None where the kernels do not apply."""
     lib = load()
     name = CACHE_KERNELS.get(k.dtype)
-    if lib is None or name is None or k.device.type != "cpu" or v.dtype != k.dtype or k.stride(3) != 1:
+    if (lib is None or name is None or k.device.type != "cpu" or v.dtype != k.dtype or k.stride(3) != 1
+            or q.dtype not in IO_DTYPES):
         return None
     if v.stride() != k.stride():
         k, v = k.contiguous(), v.contiguous()
     B, nh, T, hd = q.shape
-    rows = q.transpose(1, 2).to(torch.float32).contiguous()  # [B, T, nh, hd]
-    base = torch.arange(B).repeat_interleave(T) * k.stride(0)
-    count = torch.tensor(counts, dtype=torch.int64)
+    rows = torch.empty(B, T, nh, hd, dtype=torch.float32).copy_(q.transpose(1, 2))
     start = index = None
-    if keys is not None:
+    if keys is None:
+        base, count = _row_layout(B, T, k.stride(0), tuple(counts))
+    else:
         lengths = torch.tensor([len(row) for row in keys], dtype=torch.int64)
         start = torch.cumsum(lengths, 0) - lengths
         index = torch.cat([row.to(torch.int64) for row in keys]) if keys else torch.zeros(0, dtype=torch.int64)
-        count = lengths
-    out = torch.empty_like(rows)
+        base, count = _row_layout(B, T, k.stride(0), ())[0], lengths
+    out = torch.empty(B, T, nh, hd, dtype=q.dtype)
     getattr(lib, name)(rows.data_ptr(), k.data_ptr(), v.data_ptr(), base.data_ptr(), count.data_ptr(), _ptr(start),
-                       _ptr(index), out.data_ptr(), B * T, nh, k.shape[1], hd, k.stride(2), k.stride(1),
-                       hd ** -0.5)
+                       _ptr(index), out.data_ptr(), int(q.dtype == torch.bfloat16), B * T, nh, k.shape[1], hd,
+                       k.stride(2), k.stride(1), hd ** -0.5)
     return out.transpose(1, 2)

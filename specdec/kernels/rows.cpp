@@ -3,10 +3,12 @@
 // in a K-token verify pass gets exactly the bits of a 1-token pass (exact mode by construction,
 // no probing of another library's kernels). Compiled on the user's machine (build.py); AVX2 + FMA.
 //
-// Products: y[m, n] = sum_k x[m, k] * w[n, k], x in float32, w in bfloat16 / float32 / int8 (one
-// scale per output row). Each (m, n) keeps one 8-lane accumulator: lane j sums k = 8i + j in
-// increasing i (one FMA each), then the lanes are added in a fixed tree and the K % 8 tail after
-// them in order. Tiles of R rows x C columns only decide which accumulators share a register file.
+// Products: y[m, n] = sum_k x[m, k] * w[n, k], x in float32 or bfloat16 (converted to float32,
+// exactly), w in bfloat16 / float32 / int8 (one scale per output row). Each (m, n) keeps one
+// 8-lane float32 accumulator: lane j sums k = 8i + j in increasing i (one FMA each), then the
+// lanes are added in a fixed tree and the K % 8 tail after them in order; then the scale, the bias
+// and one rounding to y's dtype. Tiles of R rows x C columns only decide which accumulators share
+// a register file.
 //
 // Attention: per query row and head, scores over exactly the row's keys (given as a count or a
 // list of cache positions, in cache order), softmax and the weighted sum of values, with sums in
@@ -48,9 +50,31 @@ struct I8 {
     static inline float one(const T* p) { return float(*p); }
 };
 
+// A result's one rounding to the output dtype: float32 as it is, bfloat16 to nearest even
+// (PyTorch's conversion), NaN kept a quiet NaN.
+inline void store(float* y, float v) { *y = v; }
+inline void store(uint16_t* y, float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    *y = (u & 0x7fffffffu) > 0x7f800000u ? uint16_t(0x7fc0) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// What follows a product's sum, in this order for every row: times the weight row's scale
+// (int8), plus the bias, one rounding.
+struct Epilogue {
+    const float* scale;
+    const float* bias;
+    inline float apply(float s, int64_t n) const {
+        if (scale) s *= scale[n];
+        if (bias) s += bias[n];
+        return s;
+    }
+};
+
 // R rows x C columns of y, starting at x (row stride ldx) and w's column n0 (row stride K)
-template <class W, int R, int C>
-inline void tile(const float* x, int64_t ldx, const typename W::T* w, int64_t K, float* y, int64_t ldy) {
+template <class W, int R, int C, class Y>
+inline void tile(const float* x, int64_t ldx, const typename W::T* w, int64_t K, Y* y, int64_t ldy,
+                 const Epilogue& e, int64_t n0) {
     __m256 acc[R][C];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
@@ -67,41 +91,59 @@ inline void tile(const float* x, int64_t ldx, const typename W::T* w, int64_t K,
         for (int c = 0; c < C; ++c) {
             float s = hsum(acc[r][c]);
             for (int64_t k = K8; k < K; ++k) s = fmaf(x[r * ldx + k], W::one(w + c * K + k), s);
-            y[r * ldy + c] = s;
+            store(y + r * ldy + c, e.apply(s, n0 + c));
         }
 }
 
-template <class W, int R>
-inline void rows_block(const float* x, int64_t ldx, const typename W::T* w, int64_t K, float* y, int64_t ldy,
-                       int64_t n0, int64_t n1) {
+template <class W, int R, class Y>
+inline void rows_block(const float* x, int64_t ldx, const typename W::T* w, int64_t K, Y* y, int64_t ldy,
+                       int64_t n0, int64_t n1, const Epilogue& e) {
     constexpr int C = R == 1 ? 8 : R == 2 ? 5 : 3;  // R x C accumulators within 16 registers (measured)
     int64_t n = n0;
-    for (; n + C <= n1; n += C) tile<W, R, C>(x, ldx, w + n * K, K, y + n, ldy);
-    for (; n < n1; ++n) tile<W, R, 1>(x, ldx, w + n * K, K, y + n, ldy);
+    for (; n + C <= n1; n += C) tile<W, R, C>(x, ldx, w + n * K, K, y + n, ldy, e, n);
+    for (; n < n1; ++n) tile<W, R, 1>(x, ldx, w + n * K, K, y + n, ldy, e, n);
 }
 
 // Column blocks of NB outputs are the parallel work items; within one, all rows go through
 // its weights (read from memory once, from cache for the later rows).
 constexpr int64_t NB = 32;
 
-template <class W>
-void linear(const float* x, const typename W::T* w, const float* scale, float* y, int64_t M, int64_t N, int64_t K) {
+// x [M, K] float32 or bfloat16 (converted once to float32: exact), y [M, N] float32 or bfloat16
+template <class W, class Y>
+void linear(const void* x_in, bool x_bf16, const typename W::T* w, Epilogue e, Y* y, int64_t M, int64_t N,
+            int64_t K) {
+    std::vector<float> converted;
+    const float* x = static_cast<const float*>(x_in);
+    if (x_bf16) {
+        converted.resize(M * K);
+        const uint16_t* xb = static_cast<const uint16_t*>(x_in);
+        for (int64_t i = 0; i < M * K; ++i) converted[i] = Bf16::one(xb + i);
+        x = converted.data();
+    }
     const int64_t blocks = (N + NB - 1) / NB;
     #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * NB, n1 = std::min(N, n0 + NB);
         int64_t m = 0;
-        for (; m + 4 <= M; m += 4) rows_block<W, 4>(x + m * K, K, w, K, y + m * N, N, n0, n1);
+        for (; m + 4 <= M; m += 4) rows_block<W, 4>(x + m * K, K, w, K, y + m * N, N, n0, n1, e);
         switch (M - m) {
-            case 3: rows_block<W, 3>(x + m * K, K, w, K, y + m * N, N, n0, n1); break;
-            case 2: rows_block<W, 2>(x + m * K, K, w, K, y + m * N, N, n0, n1); break;
-            case 1: rows_block<W, 1>(x + m * K, K, w, K, y + m * N, N, n0, n1); break;
+            case 3: rows_block<W, 3>(x + m * K, K, w, K, y + m * N, N, n0, n1, e); break;
+            case 2: rows_block<W, 2>(x + m * K, K, w, K, y + m * N, N, n0, n1, e); break;
+            case 1: rows_block<W, 1>(x + m * K, K, w, K, y + m * N, N, n0, n1, e); break;
             default: break;
         }
-        if (scale)
-            for (int64_t r = 0; r < M; ++r)
-                for (int64_t n = n0; n < n1; ++n) y[r * N + n] *= scale[n];
     }
+}
+
+template <class W>
+void linear_any(const void* x, int x_bf16, const void* w, const float* scale, const float* bias, void* y,
+                int y_bf16, int64_t M, int64_t N, int64_t K) {
+    const Epilogue e{scale, bias};
+    const typename W::T* wt = static_cast<const typename W::T*>(w);
+    if (y_bf16)
+        linear<W>(x, x_bf16 != 0, wt, e, static_cast<uint16_t*>(y), M, N, K);
+    else
+        linear<W>(x, x_bf16 != 0, wt, e, static_cast<float*>(y), M, N, K);
 }
 
 // exp on 8 lanes: Cephes' range reduction and degree-6 polynomial (~1 ulp on [-87, 0]);
@@ -139,9 +181,9 @@ inline float dot(const float* q, const typename W::T* k, int64_t hd) {
 // q [rows, nh, hd] float32; row r reads the sequence at k + base[r] (v + base[r]) with
 // position p's head g at p * pos_stride + g * head_stride; its keys are positions
 // index[start[r] .. start[r] + count[r]) when index is given, else 0 .. count[r]. out [rows, nh, hd].
-template <class W>
+template <class W, class Y>
 void attend(const float* q, const typename W::T* k, const typename W::T* v, const int64_t* base,
-            const int64_t* count, const int64_t* start, const int64_t* index, float* out,
+            const int64_t* count, const int64_t* start, const int64_t* index, Y* out,
             int64_t rows, int64_t nh, int64_t nkv, int64_t hd, int64_t pos_stride, int64_t head_stride,
             float scale) {
     const int64_t group = nh / nkv;
@@ -152,8 +194,8 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
         for (int64_t item = 0; item < rows * nh; ++item) {
             const int64_t r = item / nh, h = item % nh, g = h / group, n = count[r];
             const float* qh = q + item * hd;
-            float* o = out + item * hd;
-            if (n == 0) { std::fill(o, o + hd, 0.f); continue; }
+            Y* o = out + item * hd;
+            if (n == 0) { for (int64_t d = 0; d < hd; ++d) store(o + d, 0.f); continue; }
             const typename W::T* kg = k + base[r] + g * head_stride;
             const typename W::T* vg = v + base[r] + g * head_stride;
             const int64_t* at = index ? index + start[r] : nullptr;
@@ -183,7 +225,7 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
                     _mm256_storeu_ps(&acc[d], _mm256_fmadd_ps(pj, W::load(vj + d), _mm256_loadu_ps(&acc[d])));
                 for (int64_t d = h8; d < hd; ++d) acc[d] = fmaf(scores[j], W::one(vj + d), acc[d]);
             }
-            for (int64_t d = 0; d < hd; ++d) o[d] = acc[d] * inv;
+            for (int64_t d = 0; d < hd; ++d) store(o + d, acc[d] * inv);
         }
     }
 }
@@ -192,27 +234,35 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
 
 extern "C" {
 
-int specdec_kernels_version() { return 1; }
+int specdec_kernels_version() { return 2; }
 
-void linear_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t N, int64_t K) {
-    linear<Bf16>(x, w, nullptr, y, M, N, K);
+// y = x @ w.T (times scale, plus bias: both optional, float32 [N]); x and y float32 or bfloat16
+void linear_bf16(const void* x, int x_bf16, const uint16_t* w, const float* bias, void* y, int y_bf16,
+                 int64_t M, int64_t N, int64_t K) {
+    linear_any<Bf16>(x, x_bf16, w, nullptr, bias, y, y_bf16, M, N, K);
 }
-void linear_f32(const float* x, const float* w, float* y, int64_t M, int64_t N, int64_t K) {
-    linear<F32>(x, w, nullptr, y, M, N, K);
+void linear_f32(const void* x, int x_bf16, const float* w, const float* bias, void* y, int y_bf16,
+                int64_t M, int64_t N, int64_t K) {
+    linear_any<F32>(x, x_bf16, w, nullptr, bias, y, y_bf16, M, N, K);
 }
-void linear_i8(const float* x, const int8_t* w, const float* scale, float* y, int64_t M, int64_t N, int64_t K) {
-    linear<I8>(x, w, scale, y, M, N, K);
+void linear_i8(const void* x, int x_bf16, const int8_t* w, const float* scale, const float* bias, void* y,
+               int y_bf16, int64_t M, int64_t N, int64_t K) {
+    linear_any<I8>(x, x_bf16, w, scale, bias, y, y_bf16, M, N, K);
 }
 
-void attend_bf16(const float* q, const uint16_t* k, const uint16_t* v, const int64_t* base, const int64_t* count,
-                 const int64_t* start, const int64_t* index, float* out, int64_t rows, int64_t nh, int64_t nkv,
-                 int64_t hd, int64_t pos_stride, int64_t head_stride, float scale) {
-    attend<Bf16>(q, k, v, base, count, start, index, out, rows, nh, nkv, hd, pos_stride, head_stride, scale);
-}
-void attend_f32(const float* q, const float* k, const float* v, const int64_t* base, const int64_t* count,
-                const int64_t* start, const int64_t* index, float* out, int64_t rows, int64_t nh, int64_t nkv,
-                int64_t hd, int64_t pos_stride, int64_t head_stride, float scale) {
-    attend<F32>(q, k, v, base, count, start, index, out, rows, nh, nkv, hd, pos_stride, head_stride, scale);
-}
+// caches in bfloat16 or float32; out float32 or bfloat16 (out_bf16)
+#define ATTEND(NAME, W, CACHE)                                                                              \
+    void NAME(const float* q, const CACHE* k, const CACHE* v, const int64_t* base, const int64_t* count,    \
+              const int64_t* start, const int64_t* index, void* out, int out_bf16, int64_t rows, int64_t nh, \
+              int64_t nkv, int64_t hd, int64_t pos_stride, int64_t head_stride, float scale) {              \
+        if (out_bf16)                                                                                       \
+            attend<W>(q, k, v, base, count, start, index, static_cast<uint16_t*>(out), rows, nh, nkv, hd,   \
+                      pos_stride, head_stride, scale);                                                      \
+        else                                                                                                \
+            attend<W>(q, k, v, base, count, start, index, static_cast<float*>(out), rows, nh, nkv, hd,      \
+                      pos_stride, head_stride, scale);                                                      \
+    }
+ATTEND(attend_bf16, Bf16, uint16_t)
+ATTEND(attend_f32, F32, float)
 
 }  // extern "C"

@@ -57,7 +57,7 @@ def attend_counted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: Co
     flat = [row[t] if t < len(row) else 0 for row in counts for t in range(T)]
     out = invariant.attend(q, k, v, flat)
     if out is not None:
-        return out.to(q.dtype)
+        return out
     out = torch.zeros_like(q)
     for b, row in enumerate(counts):
         for t, c in enumerate(row):
@@ -100,7 +100,7 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     positions = [torch.arange(keys) if isinstance(keys, int) else keys for keys in row_keys]
     out = invariant.attend(q, k, v, [], positions * B)
     if out is not None:
-        return out.to(q.dtype)
+        return out
     out = torch.empty_like(q)
     for t, keys in enumerate(positions):
         for b in range(B):
@@ -123,11 +123,9 @@ def rows_alone(product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor)
 
 def exact_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear whose every row is computed alike whatever the number of rows: the invariant
-    kernel (float32 sums, one rounding to x's dtype), else one F.linear call per row."""
-    y = invariant.linear(x, weight)
-    if y is None:
-        y = rows_alone(lambda row: F.linear(row, weight), x.reshape(-1, x.shape[-1]))
-        y = y.reshape(*x.shape[:-1], weight.shape[0])
-    if bias is not None:
-        y = y + bias.to(y.dtype)
-    return y.to(x.dtype)
+    kernel (float32 sums, bias added, one rounding to x's dtype), else one F.linear call per row."""
+    y = invariant.linear(x, weight, bias=bias)
+    if y is not None:
+        return y
+    y = rows_alone(lambda row: F.linear(row, weight, bias), x.reshape(-1, x.shape[-1]))
+    return y.reshape(*x.shape[:-1], weight.shape[0])

@@ -95,9 +95,9 @@ class QuantizedLinear(nn.Module):
         """Every row computed alike whatever the number of rows: int8 on the invariant kernel,
         otherwise one kernel call per row (exact.py)."""
         if self.mode == "int8":
-            y = invariant.linear(rows, self.qweight, self.scales)
+            y = invariant.linear(rows, self.qweight, self.scales, out_dtype=self.dtype)
             if y is not None:
-                return y.to(self.dtype)
+                return y
             return rows_alone(lambda row: torch._weight_int8pack_mm(row, self.qweight, self.scales), rows)
         return rows_alone(self._int4_product, rows)
 
