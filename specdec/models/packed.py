@@ -10,7 +10,7 @@ linears) made SmolLM2's bf16 1-token pass 17.0 -> 14.0 ms here and its greedy de
   to be equal bit for bit over the pass widths decoding uses: outputs do not change at all.
 - float32: F.linear runs MKL's kernel, the packed weight oneDNN's, 1.7-2.7x faster here (the
   lm_head of SmolLM2: 7.0 -> 2.6 ms per 1-row pass). They agree to rounding (checked), not bit
-  for bit; exact mode's row-invariant plans (exact.py) are checked on the packed kernel itself.
+  for bit; exact mode does not use them (its products run on kernels/rows.cpp, exact.py).
 
 Where the op is missing or refuses the CPU (bf16 packing needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT),
 or a check fails, weights are left unpacked and F.linear is used."""
@@ -39,20 +39,11 @@ class PackedWeight:
     def _pack(self) -> None:
         self.version = self.weight._version
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().contiguous(), 1)
-        self._chunks: dict[int, list[PackedWeight] | None] = {}
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.weight._version != self.version:
             self._pack()
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, bias, "none", [], "")
-
-    def chunks(self, k_chunk: int) -> list[PackedWeight] | None:
-        """The weight split along its inputs, each part packed (exact mode's chunked plans);
-        None where a part cannot be."""
-        if k_chunk not in self._chunks:
-            parts = [pack_weight(part) for part in self.weight.split(k_chunk, 1)]
-            self._chunks[k_chunk] = None if None in parts else parts
-        return self._chunks[k_chunk]
 
     @property
     def nbytes(self) -> int:
