@@ -1,8 +1,8 @@
 """The layers compiled by inductor (models/compiled.py): every kind of fast pass agrees with the
 eager reference, two compiled models in one process keep their own weights, and the API refuses
-what compiling cannot honour. Compiling the bundled target took ~10-20 s on an AVX-512 machine
-and several minutes on an AVX2-only AMD EPYC (inductor generating its GEMM templates), so the
-tests that compile run in the slow tier."""
+what compiling cannot honour. Compiling the bundled target took ~10-20 s on an AVX-512 machine;
+on an AVX2-only AMD EPYC the first test below took 108 s (two test workers running), most of it
+inductor generating its GEMM templates, so the tests that compile run in the slow tier."""
 import sys
 
 import pytest
@@ -25,7 +25,7 @@ def _runner(compile: bool, down_scale: float = 1.0) -> NativeRunner:
     return NativeRunner(model, 256, compile=compile)
 
 
-@pytest.mark.slow  # compiling takes minutes on some CPUs (AVX2 only: inductor's GEMM templates)
+@pytest.mark.slow  # compiling is slow on some CPUs: see the module docstring
 def test_compiled_passes_match_eager_and_models_keep_their_weights():
     for scale in (1.0, 0.5):  # the same code compiled twice in one process: each model its own weights
         compiled, eager = _runner(True, scale), _runner(False, scale)
@@ -36,7 +36,7 @@ def test_compiled_passes_match_eager_and_models_keep_their_weights():
         assert eager.model.compiled is None
 
 
-@pytest.mark.slow  # compiling takes minutes on some CPUs (AVX2 only: inductor's GEMM templates)
+@pytest.mark.slow  # compiling is slow on some CPUs: see the module docstring
 def test_compiled_speculative_greedy_output_equals_eager_plain_decoding():
     plain = specdec.load(method="none", calibrate=False)
     compiled = specdec.load(method="ngram", compile=True, calibrate=False, draft_tokens=4)
@@ -49,7 +49,7 @@ def test_compiled_speculative_greedy_output_equals_eager_plain_decoding():
         assert got.stats.accepted_tokens > 0
 
 
-@pytest.mark.slow  # compiling takes minutes on some CPUs (AVX2 only: inductor's GEMM templates)
+@pytest.mark.slow  # compiling is slow on some CPUs: see the module docstring
 def test_compiled_int8_greedy_output_equals_eager_int8_and_decoding_runs_the_one_row_graph():
     """Quantized weights compile too (inductor lowers the int8 kernel to its own template)."""
     plain = specdec.load(method="none", quantize="int8", calibrate=False)
