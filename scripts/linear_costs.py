@@ -1,7 +1,7 @@
 """Milliseconds per product for the projections of a model's pass, per pass width: the
 batch-invariant kernel (kernels/rows.cpp, exact mode's) against F.linear and oneDNN's packed
 weight (where this CPU packs), alternating the candidates in one run, and the weight-streaming
-bound from a measured copy bandwidth. Shapes default to SmolLM2-135M's (30 layers).
+bound from a measured read bandwidth (pass_costs.streaming_bandwidth). Shapes default to SmolLM2-135M's (30 layers).
 
     python scripts/linear_costs.py [--dtype bfloat16] [--threads 2] [--widths 1,2,4,8,16,32]
 """
@@ -16,21 +16,10 @@ import torch.nn.functional as F
 
 from specdec.kernels import build, invariant
 from specdec.models.packed import pack_weight
+from specdec.pass_costs import streaming_bandwidth
 
 SMOLLM2 = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}  # x30 layers
 SMOLLM2_HEAD = (49152, 576)
-
-
-def copy_bandwidth(nbytes: int = 1 << 28) -> float:
-    """Bytes per second of a large copy (read + write) on these threads."""
-    a = torch.empty(nbytes // 4, dtype=torch.float32).fill_(1)
-    b = torch.empty_like(a)
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        b.copy_(a)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * nbytes / best
 
 
 def main() -> None:
@@ -47,10 +36,10 @@ def main() -> None:
     weights.append((torch.randn(*SMOLLM2_HEAD, generator=g) * 0.02).to(dtype))
     packed = [pack_weight(w) for w in weights]
     nbytes = sum(w.numel() * w.element_size() for w in weights)
-    bound_ms = 1e3 * nbytes / copy_bandwidth()
+    bound_ms = 1e3 * nbytes / streaming_bandwidth()
     print(f"{build.cpu_model()}; torch ISA {torch.backends.cpu.get_cpu_capability()}; {args.threads} threads; "
           f"{nbytes / 1e6:.0f} MB of {args.dtype} weights; streaming bound {bound_ms:.1f} ms a pass "
-          f"(copy bandwidth); kernels: {build.unavailable() or 'built'}")
+          f"(a large read); kernels: {build.unavailable() or 'built'}")
     candidates = {"invariant": lambda x, w, p: invariant.linear(x, w),
                   "F.linear": lambda x, w, p: F.linear(x, w)}
     if all(p is not None for p in packed):
