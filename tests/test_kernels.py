@@ -53,7 +53,7 @@ def test_attention_by_counts_or_positions_gives_the_same_bits(dtype):
     k, v = (torch.randn(2, 2, 90, 40, generator=g).to(dtype) for _ in range(2))
     counts = [5, 60, 0, 90, 33, 1]
     by_count = invariant.attend(q, k, v, counts)
-    by_position = invariant.attend(q, k, v, [], [torch.arange(c) for c in counts])
+    by_position = invariant.attend(q, k, v, [], invariant.key_lists([torch.arange(c) for c in counts]))
     assert torch.equal(by_count, by_position)
     assert by_count.dtype == dtype and not by_count[0, :, 2].any()  # row b * T + t = 2 has no keys: zeros
     reference = F.scaled_dot_product_attention(q[:, :, :1].double(), k[:, :, :5].double(), v[:, :, :5].double(),

@@ -5,6 +5,7 @@ its own row-at-a-time path. Inputs and outputs are float32 or bfloat16, read and
 kernels themselves (no conversion copies around the call)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -59,13 +60,28 @@ def _row_layout(B: int, T: int, batch_stride: int, counts: tuple[int, ...]) -> t
     return base, torch.tensor(counts, dtype=torch.int64)
 
 
+@dataclass(frozen=True)
+class KeyLists:
+    """Per row, the cache positions it attends to, laid out as the kernel reads them: row i's
+    are index[start[i] : start[i] + lengths[i]]."""
+    lengths: torch.Tensor
+    start: torch.Tensor
+    index: torch.Tensor
+
+
+def key_lists(positions: list[torch.Tensor]) -> KeyLists:
+    lengths = torch.tensor([len(row) for row in positions], dtype=torch.int64)
+    index = torch.cat([row.to(torch.int64) for row in positions]) if positions else torch.zeros(0, dtype=torch.int64)
+    return KeyLists(lengths, torch.cumsum(lengths, 0) - lengths, index)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[int],
-           keys: list[torch.Tensor] | None = None) -> torch.Tensor | None:
+           keys: KeyLists | None = None) -> torch.Tensor | None:
     """Attention of query rows q [B, nh, T, hd] over the caches k, v [B, nkv, L, hd] (views of
     one layout; grouped-query heads: head h reads kv head h // (nh / nkv)). Row t of sequence b
     (flat index b * T + t) sees keys 0 .. counts[i] - 1, or with keys, the cache positions
-    keys[i] (in cache order); a count of 0 gives zeros. Out [B, nh, T, hd] in q's dtype (float32
-    or bfloat16); None where the kernels do not apply."""
+    keys gives row i (in cache order); a count of 0 gives zeros. Out [B, nh, T, hd] in q's dtype
+    (float32 or bfloat16); None where the kernels do not apply."""
     lib = load()
     name = CACHE_KERNELS.get(k.dtype)
     if (lib is None or name is None or k.device.type != "cpu" or v.dtype != k.dtype or k.stride(3) != 1
@@ -79,10 +95,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[int],
     if keys is None:
         base, count = _row_layout(B, T, k.stride(0), tuple(counts))
     else:
-        lengths = torch.tensor([len(row) for row in keys], dtype=torch.int64)
-        start = torch.cumsum(lengths, 0) - lengths
-        index = torch.cat([row.to(torch.int64) for row in keys]) if keys else torch.zeros(0, dtype=torch.int64)
-        base, count = _row_layout(B, T, k.stride(0), ())[0], lengths
+        base, count, start, index = _row_layout(B, T, k.stride(0), ())[0], keys.lengths, keys.start, keys.index
     out = torch.empty(B, T, nh, hd, dtype=q.dtype)
     getattr(lib, name)(rows.data_ptr(), k.data_ptr(), v.data_ptr(), base.data_ptr(), count.data_ptr(), _ptr(start),
                        _ptr(index), out.data_ptr(), int(q.dtype == torch.bfloat16), B * T, nh, k.shape[1], hd,

@@ -168,14 +168,22 @@ inline __m256 exp8(__m256 x) {
     return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-template <class W>
-inline float dot(const float* q, const typename W::T* k, int64_t hd) {
-    __m256 acc = _mm256_setzero_ps();
+// q . k[i] for G keys at once (independent FMA chains hide their latency); each key's sum is
+// the same instruction sequence whatever G is and whichever keys share the call.
+template <class W, int G>
+inline void dots(const float* q, const typename W::T* const* k, int64_t hd, float* out) {
+    __m256 acc[G];
+    for (int i = 0; i < G; ++i) acc[i] = _mm256_setzero_ps();
     const int64_t h8 = hd & ~int64_t(7);
-    for (int64_t d = 0; d < h8; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), W::load(k + d), acc);
-    float s = hsum(acc);
-    for (int64_t d = h8; d < hd; ++d) s = fmaf(q[d], W::one(k + d), s);
-    return s;
+    for (int64_t d = 0; d < h8; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        for (int i = 0; i < G; ++i) acc[i] = _mm256_fmadd_ps(qv, W::load(k[i] + d), acc[i]);
+    }
+    for (int i = 0; i < G; ++i) {
+        float s = hsum(acc[i]);
+        for (int64_t d = h8; d < hd; ++d) s = fmaf(q[d], W::one(k[i] + d), s);
+        out[i] = s;
+    }
 }
 
 // q [rows, nh, hd] float32; row r reads the sequence at k + base[r] (v + base[r]) with
@@ -202,9 +210,19 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
             const int64_t n8 = (n + 7) & ~int64_t(7);
             scores.resize(n8);
             float m = -INFINITY;
-            for (int64_t j = 0; j < n; ++j) {
-                const int64_t p = at ? at[j] : j;
-                scores[j] = dot<W>(qh, kg + p * pos_stride, hd) * scale;
+            constexpr int G = 4;
+            const typename W::T* keys[G];
+            int64_t j = 0;
+            for (; j + G <= n; j += G) {
+                for (int i = 0; i < G; ++i) keys[i] = kg + (at ? at[j + i] : j + i) * pos_stride;
+                dots<W, G>(qh, keys, hd, &scores[j]);
+            }
+            for (; j < n; ++j) {
+                keys[0] = kg + (at ? at[j] : j) * pos_stride;
+                dots<W, 1>(qh, keys, hd, &scores[j]);
+            }
+            for (j = 0; j < n; ++j) {
+                scores[j] *= scale;
                 m = std::max(m, scores[j]);
             }
             for (int64_t j = n; j < n8; ++j) scores[j] = -INFINITY;

@@ -85,6 +85,11 @@ class TreeRows:
         prefix = torch.arange(self.past, device=self.seen.device)
         return [torch.cat([prefix, self.past + row.nonzero()[:, 0]]) for row in self.seen]
 
+    @cached_property
+    def key_lists(self) -> invariant.KeyLists:
+        """positions as the invariant kernel reads them, for one sequence (once per pass)."""
+        return invariant.key_lists(self.positions)
+
 
 def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 row_keys: list[int | torch.Tensor] | TreeRows) -> torch.Tensor:
@@ -93,12 +98,14 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     TreeRows, or per row n = the first n cache positions, or the positions (the same for
     every sequence of the batch)."""
     B, nh, T, hd = q.shape
+    lists = None
     if isinstance(row_keys, TreeRows):
+        lists = row_keys.key_lists if B == 1 else None
         row_keys = row_keys.positions
     if all(isinstance(keys, int) for keys in row_keys):  # a chain
         return attend_counted(q, k, v, (tuple(row_keys),) * B)
     positions = [torch.arange(keys) if isinstance(keys, int) else keys for keys in row_keys]
-    out = invariant.attend(q, k, v, [], positions * B)
+    out = invariant.attend(q, k, v, [], lists or invariant.key_lists(positions * B))
     if out is not None:
         return out
     out = torch.empty_like(q)
