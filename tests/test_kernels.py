@@ -86,16 +86,17 @@ def test_fast_projections_choose_a_kernel_by_timing_and_keep_the_choice():
     x = torch.randn(3, 128).to(torch.bfloat16)
     calls = []
 
-    def theirs(rows):
+    def theirs(rows, bias):  # stands for a packed weight: called as packed(x, bias)
         calls.append(rows.shape[0])
-        return F.linear(rows, weight)
+        return F.linear(rows, weight, bias)
 
-    chosen = choose.prefers_invariant(x, weight, theirs)
+    chosen = choose.prefers_invariant(x, weight, packed=theirs)
     assert calls and chosen == choose.choices()[((64, 128), torch.bfloat16, torch.bfloat16, 3, torch.get_num_threads())]
     timed = len(calls)
-    assert choose.prefers_invariant(x, weight, theirs) == chosen and len(calls) == timed  # remembered
+    assert choose.prefers_invariant(x, weight, packed=theirs) == chosen and len(calls) == timed  # remembered
     wide = torch.randn(choose.WIDE_ROWS + 9, 128).bfloat16()
-    decided = choose.prefers_invariant(wide, weight, theirs)  # timed once on WIDE_ROWS rows
+    decided = choose.prefers_invariant(wide, weight, packed=theirs)  # timed once on WIDE_ROWS rows
     timed = len(calls)
-    assert choose.prefers_invariant(wide[:choose.MAX_ROWS + 1], weight, theirs) == decided and len(calls) == timed
+    assert choose.prefers_invariant(wide[:choose.MAX_ROWS + 1], weight, packed=theirs) == decided
+    assert len(calls) == timed
     assert max(calls) == choose.WIDE_ROWS

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from specdec.kernels import invariant
 
@@ -34,26 +35,34 @@ def _seconds(fn: Callable[[], object]) -> float:
     return best
 
 
-def prefers_invariant(x: torch.Tensor, weight: torch.Tensor, theirs: Callable[[torch.Tensor], torch.Tensor]) -> bool:
-    """Whether the invariant kernel computes x @ weight.T faster than theirs here (timed once per
-    shape, dtype, width and thread count, on x itself)."""
-    rows = x.reshape(-1, x.shape[-1])
-    if weight.dtype not in invariant.WEIGHT_KERNELS or x.device.type != "cpu":
+def prefers_invariant(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                      packed: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None = None) -> bool:
+    """Whether the invariant kernel computes x @ weight.T + bias faster here than PyTorch's (packed:
+    the weight packed for oneDNN, called as packed(x, bias); else F.linear). Timed once per shape,
+    dtype, width and thread count, on x itself; later calls are one dictionary lookup."""
+    m = x.numel() // x.shape[-1]
+    key = (weight.shape, weight.dtype, x.dtype, min(m, MAX_ROWS + 1), torch.get_num_threads())
+    choice = _choice.get(key)
+    if choice is None:
+        choice = _choice[key] = _time_both(x, weight, bias, packed)
+    return choice
+
+
+def _time_both(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed) -> bool:
+    if weight.dtype not in invariant.WEIGHT_KERNELS or x.device.type != "cpu" or invariant.load() is None:
         return False
-    m = rows.shape[0] if rows.shape[0] <= MAX_ROWS else min(rows.shape[0], WIDE_ROWS)
-    key = (tuple(weight.shape), weight.dtype, x.dtype, min(m, MAX_ROWS + 1), torch.get_num_threads())
-    if key not in _choice:
-        if invariant.load() is None:
-            return False
-        x = rows[:m]
-        with torch.inference_mode():
-            ours = _seconds(lambda: invariant.linear(x, weight))
-            other = _seconds(lambda: theirs(x))
-        _choice[key] = ours < other
-    return _choice[key]
+    rows = x.reshape(-1, x.shape[-1])
+    rows = rows[:rows.shape[0] if rows.shape[0] <= MAX_ROWS else WIDE_ROWS]
+    with torch.inference_mode():
+        ours = _seconds(lambda: invariant.linear(rows, weight, bias=bias))
+        if packed is not None:
+            theirs = _seconds(lambda: packed(rows, bias))
+        else:
+            theirs = _seconds(lambda: F.linear(rows, weight, bias))
+    return ours < theirs
 
 
 def choices() -> dict[tuple, bool]:
     """What was chosen so far: (weight shape, weight dtype, input dtype, rows (MAX_ROWS + 1: wider),
-    threads) -> invariant."""
+    threads) -> invariant (False also where the kernels do not apply)."""
     return dict(_choice)

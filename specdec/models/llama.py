@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -143,11 +142,9 @@ def linear_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         return exact_linear(x, weight, bias)
     if torch.is_grad_enabled() and weight.requires_grad or torch.compiler.is_compiling():
         return F.linear(x, weight, bias)
-    if packed is not None:
-        theirs = partial(packed, bias=bias)
-    else:
-        theirs = partial(F.linear, weight=weight, bias=bias)
-    return exact_linear(x, weight, bias) if prefers_invariant(x, weight, theirs) else theirs(x)
+    if prefers_invariant(x, weight, bias, packed):
+        return exact_linear(x, weight, bias)
+    return packed(x, bias) if packed is not None else F.linear(x, weight, bias)
 
 
 def project(linear: nn.Module, x: torch.Tensor, exact: bool) -> torch.Tensor:
