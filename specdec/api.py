@@ -7,14 +7,14 @@ from pathlib import Path
 import torch
 
 from specdec.batch_engine import BatchEngine
-from specdec.bundled import DEFAULT_TARGET, default_head
+from specdec.bundled import DEFAULT_TARGET, default_head, default_quantize
 from specdec.controller_memory import ControllerMemory, default_path
 from specdec.engine import Engine, GenerationResult, StreamChunk
 from specdec.errors import SpecdecError
 from specdec.grammar import grammar_from_response_format
 from specdec.models.checkpoint import load_native, open_model, parse_dtype
 from specdec.models.config import SUPPORTED_MODEL_TYPES
-from specdec.models.quant import DEFAULT_GROUP_SIZE, QUANT_MODES, quantize_model
+from specdec.models.quant import DEFAULT_GROUP_SIZE, LOAD_MODES, quantize_model
 from specdec.models.runner import NativeRunner
 from specdec.proposers import DraftModelProposer, PromptLookupProposer
 from specdec.proposers.cross_vocab import CROSS_VOCAB_MODES, cross_vocab_proposer
@@ -30,11 +30,12 @@ def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: 
                 quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE, pack: bool = True,
                 compile: bool = False):
     """A runner for a model folder, a .gguf file (or a folder holding one) or a short name;
-    quantize: "int8" or "int4" weight-only quantization (native runtime, models/quant.py);
+    quantize: "int8" or "int4" weight-only quantization (native runtime, models/quant.py), or
+    "gguf": a GGUF's own quantized blocks, never dequantized to a float copy (models/grouped.py);
     pack: projection weights packed once for oneDNN (models/packed.py); compile: fast passes
     compiled by inductor, embedding to logits (native runtime, models/compiled.py)."""
-    if quantize is not None and quantize not in QUANT_MODES:
-        raise SpecdecError(f"unknown quantization {quantize!r}; choose from {', '.join(QUANT_MODES)}")
+    if quantize is not None and quantize not in LOAD_MODES:
+        raise SpecdecError(f"unknown quantization {quantize!r}; choose from {', '.join(LOAD_MODES)}")
     if backend not in ("auto", "native", "transformers"):
         raise SpecdecError(f"unknown backend {backend!r}; choose auto, native or transformers")
     source = open_model(folder)
@@ -47,6 +48,15 @@ def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: 
         from specdec.models.hf_backend import TransformersRunner
 
         return TransformersRunner(load_transformers_gguf(source.path, parse_dtype(dtype)), max_len)
+    if quantize == "gguf":
+        if not source.is_gguf:
+            raise SpecdecError(f"--quantize gguf keeps a GGUF file's quantized blocks; {str(folder)!r} is not a GGUF "
+                               "(use --quantize int8 or int4)")
+        if compile:
+            raise SpecdecError("--quantize gguf runs on its own kernels; drop --compile")
+        from specdec.models.grouped import load_grouped
+
+        return NativeRunner(load_grouped(source.gguf_file, parse_dtype(dtype)), max_len, pack=False)
     native = backend == "native" or (backend == "auto" and source.config().get("model_type") in SUPPORTED_MODEL_TYPES)
     if source.is_gguf or native:
         runner = NativeRunner(load_native(source, dtype), max_len, pack=pack and quantize is None, compile=compile)
@@ -250,6 +260,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     _check_draft_tokens("max_draft_tokens", max_draft_tokens)
     _check_draft_tokens("tree_nodes", tree_nodes)
     target_path = Path(target) if target is not None else DEFAULT_TARGET
+    quantize = quantize if quantize is not None else default_quantize(target)
     target_runner = load_runner(target_path, dtype, backend, max_len, quantize, group_size, pack, compile)
     tokenizer = TextTokenizer(target_path)
     draft_path = None

@@ -8,7 +8,7 @@ from specdec.api import METHODS, SpecDecoder, load
 from specdec.engine import GenerationStats
 from specdec.errors import SpecdecError
 from specdec.grammar import Grammar
-from specdec.models.quant import DEFAULT_GROUP_SIZE, QUANT_MODES
+from specdec.models.quant import DEFAULT_GROUP_SIZE, LOAD_MODES
 from specdec.proposers.cross_vocab import CROSS_VOCAB_MODES
 from specdec.sampling import SEED_MODES
 
@@ -64,10 +64,11 @@ def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHOD
 
 
 def add_quantize_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quantize", choices=QUANT_MODES, default=None,
+    p.add_argument("--quantize", choices=LOAD_MODES, default=None,
                    help="weight-only quantization of the target's (and draft model's) projections: int8 (per "
-                        "channel) or int4 (per group, bfloat16 only); speculation is lossless w.r.t. the "
-                        "quantized model")
+                        "channel), int4 (per group, bfloat16 only), or gguf: a GGUF file's own blocks (Q4_K, "
+                        "Q6_K, Q5_0, Q8_0, ...) kept as they are, without a float copy (qwen-coder); "
+                        "speculation is lossless w.r.t. the quantized model")
     p.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE,
                    help=f"int4: inputs per scale (32, 64, 128 or 256; default {DEFAULT_GROUP_SIZE})")
 

@@ -146,6 +146,111 @@ void linear_any(const void* x, int x_bf16, const void* w, const float* scale, co
         linear<W>(x, x_bf16 != 0, wt, e, static_cast<float*>(y), M, N, K);
 }
 
+// Grouped int8 weights (GGUF's block formats unpacked, models/gguf_blocks.py): weight
+// w[n, k] = q[n, k] * scale[n, g] (+ offset[n, g]) for k in group g = k / G. Each weight vector
+// is dequantized in registers (one multiply, or one FMA with an offset: the same for every
+// row of the call) and then enters the same per-output 8-lane FMA chain as above.
+template <int G, bool OFF, int R, int C, class Y>
+inline void gtile(const float* x, int64_t ldx, const int8_t* w, const float* sc, const float* off, int64_t K,
+                  Y* y, int64_t ldy, const float* bias, int64_t n0) {
+    const int64_t KG = K / G;
+    __m256 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < KG; ++g) {
+        if ((g * G) % 64 == 0)  // the next tile's rows, a tile ahead: short rows defeat the hardware prefetcher
+            for (int c = 0; c < C; ++c) _mm_prefetch((const char*)(w + (c + C) * K + g * G), _MM_HINT_T0);
+        __m256 s[C], o[C];
+        for (int c = 0; c < C; ++c) {
+            s[c] = _mm256_set1_ps(sc[c * KG + g]);
+            if (OFF) o[c] = _mm256_set1_ps(off[c * KG + g]);
+        }
+        for (int64_t k = g * G; k < g * G + G; k += 8) {
+            __m256 wv[C];
+            for (int c = 0; c < C; ++c) {
+                const __m256 qv = I8::load(w + c * K + k);
+                wv[c] = OFF ? _mm256_fmadd_ps(qv, s[c], o[c]) : _mm256_mul_ps(qv, s[c]);
+            }
+            for (int r = 0; r < R; ++r) {
+                const __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
+                for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) {
+            float v = hsum(acc[r][c]);
+            if (bias) v += bias[n0 + c];
+            store(y + r * ldy + c, v);
+        }
+}
+
+#ifndef GC1
+#define GC1 3
+#define GC2 3
+#define GC3 2
+#define GC4 2
+#endif
+template <int G, bool OFF, int R, class Y>
+inline void grows_block(const float* x, int64_t ldx, const int8_t* w, const float* sc, const float* off, int64_t K,
+                        Y* y, int64_t ldy, int64_t n0, int64_t n1, const float* bias) {
+    constexpr int C = R == 1 ? GC1 : R == 2 ? GC2 : R == 3 ? GC3 : GC4;
+    const int64_t KG = K / G;
+    int64_t n = n0;
+    for (; n + C <= n1; n += C)
+        gtile<G, OFF, R, C>(x, ldx, w + n * K, sc + n * KG, OFF ? off + n * KG : nullptr, K, y + n, ldy, bias, n);
+    for (; n < n1; ++n)
+        gtile<G, OFF, R, 1>(x, ldx, w + n * K, sc + n * KG, OFF ? off + n * KG : nullptr, K, y + n, ldy, bias, n);
+}
+
+// x [M, K] (float32 or bfloat16), y rows of stride ldy (a fused projection's part writes its
+// columns of the whole output)
+template <int G, bool OFF, class Y>
+void glinear(const void* x_in, bool x_bf16, const int8_t* w, const float* sc, const float* off, const float* bias,
+             Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    std::vector<float> converted;
+    const float* x = static_cast<const float*>(x_in);
+    if (x_bf16) {
+        converted.resize(M * K);
+        const uint16_t* xb = static_cast<const uint16_t*>(x_in);
+        for (int64_t i = 0; i < M * K; ++i) converted[i] = Bf16::one(xb + i);
+        x = converted.data();
+    }
+    const int64_t blocks = (N + NB - 1) / NB;
+    #pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t n0 = b * NB, n1 = std::min(N, n0 + NB);
+        int64_t m = 0;
+        for (; m + 4 <= M; m += 4) grows_block<G, OFF, 4>(x + m * K, K, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias);
+        switch (M - m) {
+            case 3: grows_block<G, OFF, 3>(x + m * K, K, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 2: grows_block<G, OFF, 2>(x + m * K, K, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 1: grows_block<G, OFF, 1>(x + m * K, K, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
+            default: break;
+        }
+    }
+}
+
+template <int G, class Y>
+void glinear_off(const void* x, bool x_bf16, const int8_t* w, const float* sc, const float* off, const float* bias,
+                 Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    if (off)
+        glinear<G, true>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K);
+    else
+        glinear<G, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K);
+}
+
+template <class Y>
+int glinear_any(const void* x, bool x_bf16, const int8_t* w, const float* sc, const float* off, int64_t G,
+                const float* bias, Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    if (K % G) return 1;
+    switch (G) {
+        case 16: glinear_off<16>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
+        case 32: glinear_off<32>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
+        default: return 1;
+    }
+}
+
 // exp on 8 lanes: Cephes' range reduction and degree-6 polynomial (~1 ulp on [-87, 0]);
 // -inf and anything below -87 give 0.
 inline __m256 exp8(__m256 x) {
@@ -252,7 +357,7 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
 
 extern "C" {
 
-int specdec_kernels_version() { return 2; }
+int specdec_kernels_version() { return 3; }
 
 // y = x @ w.T (times scale, plus bias: both optional, float32 [N]); x and y float32 or bfloat16
 void linear_bf16(const void* x, int x_bf16, const uint16_t* w, const float* bias, void* y, int y_bf16,
@@ -266,6 +371,14 @@ void linear_f32(const void* x, int x_bf16, const float* w, const float* bias, vo
 void linear_i8(const void* x, int x_bf16, const int8_t* w, const float* scale, const float* bias, void* y,
                int y_bf16, int64_t M, int64_t N, int64_t K) {
     linear_any<I8>(x, x_bf16, w, scale, bias, y, y_bf16, M, N, K);
+}
+
+// y[:, :N] (row stride ldy) = x @ (q * scale (+ offset)).T (+ bias), groups of G (16 or 32)
+// inputs; scale, offset [N, K / G] float32 (offset may be null). Returns 1 for a G it lacks.
+int linear_q8g(const void* x, int x_bf16, const int8_t* q, const float* scale, const float* offset, int64_t G,
+               const float* bias, void* y, int y_bf16, int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    if (y_bf16) return glinear_any(x, x_bf16 != 0, q, scale, offset, G, bias, static_cast<uint16_t*>(y), ldy, M, N, K);
+    return glinear_any(x, x_bf16 != 0, q, scale, offset, G, bias, static_cast<float*>(y), ldy, M, N, K);
 }
 
 // caches in bfloat16 or float32; out float32 or bfloat16 (out_bf16)

@@ -16,7 +16,6 @@ from specdec.models.compiled import compiled_forward, use_compiled
 from specdec.models.config import ModelConfig
 from specdec.models.exact import TreeRows, attend_row, attend_rows, exact_attend_row, exact_linear, exact_row_keys
 from specdec.models.packed import PackedWeight, pack_weight
-from specdec.models.quant import QuantizedLinear
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -149,7 +148,7 @@ def linear_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 def project(linear: nn.Module, x: torch.Tensor, exact: bool) -> torch.Tensor:
     """A projection; exact: every row computed as a 1-row pass computes it (exact.py)."""
-    if isinstance(linear, QuantizedLinear):
+    if not isinstance(linear, nn.Linear):  # QuantizedLinear, GroupedLinear: their own kernels
         return linear(x, exact)
     return linear_product(x, linear.weight, linear.bias, getattr(linear, "packed", None), exact)
 
@@ -166,7 +165,8 @@ class Attention(nn.Module):
         self.qkv: FusedLinear | None = None  # set by fuse(): one matmul instead of three
 
     def fuse(self) -> None:
-        self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
+        if self.qkv is None:  # a quantized model arrives fused
+            self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
 
     def rotated_qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     exact: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -217,7 +217,8 @@ class MLP(nn.Module):
         self.gate_up: FusedLinear | None = None  # set by fuse()
 
     def fuse(self) -> None:
-        self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
+        if self.gate_up is None:
+            self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
         if self.gate_up is not None:
@@ -314,11 +315,11 @@ class LlamaModel(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype  # the embedding is never quantized
+        return self.model.norm.weight.dtype  # norms are never quantized
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return self.model.norm.weight.device
 
     def new_cache(self, max_len: int | None = None, batch_size: int = 1) -> KVCache:
         c = self.config

@@ -26,6 +26,7 @@ from specdec.kernels import invariant
 from specdec.models.exact import rows_alone
 
 QUANT_MODES = ("int8", "int4")
+LOAD_MODES = (*QUANT_MODES, "gguf")  # gguf: keep a GGUF file's own quantized blocks (models/grouped.py)
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 # measured on SmolLM2 (scripts/quant_loss.py): groups of 32 lose 0.036 nats/token of held-out
 # loss, groups of 64 lose 0.28 (its weights are Q4_1, groups of 32 already)

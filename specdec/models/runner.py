@@ -53,6 +53,11 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return total
 
 
+# The cache is allocated whole up front: Qwen2.5-Coder-1.5B's 32k window would hold 940 MB of
+# it; llama.cpp's default context is 4096. A longer window is asked for with max_len.
+DEFAULT_CONTEXT = 8192
+
+
 class NativeRunner:
     supports_tree = True
 
@@ -72,8 +77,7 @@ class NativeRunner:
             if not pack:  # pack_weights() packed it already
                 self.model.pack_lm_head()
         self.vocab_size = model.config.vocab_size
-        self.max_len = min(max_len or model.config.max_position_embeddings,
-                           model.config.max_position_embeddings)
+        self.max_len = min(max_len or DEFAULT_CONTEXT, model.config.max_position_embeddings)
         self.cache: KVCache = model.new_cache(self.max_len)
         self.last_hidden: torch.Tensor | None = None
 

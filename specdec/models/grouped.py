@@ -1,0 +1,153 @@
+"""A GGUF model (llama or qwen2) run on its own quantized blocks (`--quantize gguf`): every projection keeps the
+file's format (Q4_K, Q6_K, Q5_0, Q8_0, ...), unpacked once into int8 values with per-group
+scales (models/gguf_blocks.py), multiplied by the batch-invariant grouped kernel
+(kernels/rows.cpp). No float copy of the weights is ever made: the model is built on the meta
+device and each tensor is unpacked straight from the memory-mapped file, so memory is about
+1.1-1.25 bytes per weight. The embedding table dequantizes only the rows a pass looks up.
+
+The weights are exactly those llama.cpp dequantizes; activations stay in the model dtype
+(bfloat16 or float32), so outputs differ from llama.cpp's (which quantizes activations to
+8 bits) by rounding. Every row's bits are independent of the pass width, so exact mode costs
+nothing here: greedy speculation is token-identical to plain decoding on these weights."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from specdec.errors import SpecdecError
+from specdec.kernels import invariant
+from specdec.models.config import ModelConfig
+from specdec.models.exact import rows_alone
+from specdec.models.gguf import PERMUTED_ARCHITECTURES, GGUFFile, hf_config, unpermute_qk
+from specdec.models.gguf_blocks import GROUPED_FORMATS, Grouped, unpack
+from specdec.models.llama import LlamaModel, RopeTable, rope_inv_freq
+
+FLOAT_FORMATS = ("F32", "F16", "BF16")
+
+
+class GroupedLinear(nn.Module):
+    """y = x @ W.T (+ bias) for one or several projections of the same input (a fused q/k/v or
+    gate/up), each in its own grouped format; their outputs side by side. sizes: split the
+    output as FusedLinear does; None returns one tensor."""
+
+    def __init__(self, parts: list[Grouped], bias: torch.Tensor | None, dtype: torch.dtype, split: bool):
+        super().__init__()
+        if len({p.shape[1] for p in parts}) != 1:
+            raise ValueError("fused projections need the same number of inputs")
+        self.parts = parts  # not buffers: inference only, never saved
+        self.bias = None if bias is None else bias.to(torch.float32).contiguous()
+        self.dtype = dtype
+        self.in_features = parts[0].shape[1]
+        self.out_features = sum(p.shape[0] for p in parts)
+        self.sizes = [p.shape[0] for p in parts] if split else None
+
+    def forward(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        y = self.product(x, exact)
+        return y if self.sizes is None else y.split(self.sizes, dim=-1)
+
+    def product(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """The output unsplit. Every row is computed alike at any width (the kernel's
+        construction, or a row at a time without it), so exact costs nothing extra."""
+        rows = x.reshape(-1, self.in_features).to(self.dtype).contiguous()
+        out = torch.empty(rows.shape[0], self.out_features, dtype=self.dtype)
+        column = 0
+        for part in self.parts:
+            n = part.shape[0]
+            bias = None if self.bias is None else self.bias[column:column + n]
+            if invariant.linear_grouped(rows, part.q, part.scale, part.offset, part.group, bias, out, column) is None:
+                out[:, column:column + n] = rows_alone(lambda row, p=part, b=bias: self._dequantized_product(row, p, b),
+                                                       rows)
+            column += n
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _dequantized_product(self, row: torch.Tensor, part: Grouped, bias: torch.Tensor | None) -> torch.Tensor:
+        """Where the kernels are unavailable: the weight dequantized for this call (slow, memory
+        kept low)."""
+        return F.linear(row, part.dequantized().to(self.dtype), None if bias is None else bias.to(self.dtype))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+class GroupedEmbedding(nn.Module):
+    """An embedding table kept in its grouped format: a lookup dequantizes its rows."""
+
+    def __init__(self, table: Grouped, dtype: torch.dtype):
+        super().__init__()
+        self.table, self.dtype = table, dtype
+        self.num_embeddings, self.embedding_dim = table.shape
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        return self.table.dequantized(flat).to(self.dtype).reshape(*ids.shape, self.embedding_dim)
+
+
+def _shape(tensor) -> tuple[int, ...]:
+    return tuple(int(n) for n in reversed(tensor.shape.tolist()))
+
+
+def _grouped(path, tensor) -> Grouped:
+    kind = tensor.tensor_type.name
+    shape = _shape(tensor)
+    if kind in GROUPED_FORMATS:
+        # read, not memory-mapped: the file's pages then stay out of the process's resident memory
+        raw = np.fromfile(path, dtype=np.uint8, count=int(tensor.n_bytes), offset=int(tensor.data_offset))
+        return unpack(kind, raw, shape)
+    if kind in FLOAT_FORMATS:
+        raise SpecdecError(f"GGUF tensor {tensor.name!r} is {kind}; --quantize gguf needs quantized projections "
+                           "(load this file without --quantize, or with --quantize int8/int4)")
+    raise SpecdecError(f"GGUF tensor {tensor.name!r} has type {kind}, which --quantize gguf does not load "
+                       f"(supported: {', '.join(GROUPED_FORMATS)})")
+
+
+def _float(tensor, dtype: torch.dtype) -> torch.Tensor:
+    from specdec.models.gguf import dequantize
+
+    return dequantize(tensor).to(dtype)
+
+
+def load_grouped(g: GGUFFile, dtype: torch.dtype) -> LlamaModel:
+    """A LlamaModel whose projections and embedding keep the GGUF's quantized blocks; norms and
+    biases in `dtype` (float32 for the biases, which the kernel adds before its one rounding)."""
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise SpecdecError(f"--quantize gguf runs in bfloat16 or float32, not {dtype}")
+    config = ModelConfig.from_hf_dict(hf_config(g))
+    tensors = {t.name: t for t in g.reader.tensors}
+    heads = {"q": config.num_attention_heads, "k": config.num_key_value_heads}
+
+    def projection(name: str) -> Grouped:
+        part = _grouped(g.path, tensors[name])
+        kind = name.split(".")[-2].removeprefix("attn_")
+        if g.architecture in PERMUTED_ARCHITECTURES and kind in heads:  # llama.cpp's row order -> HF's
+            part = Grouped(*(None if t is None else unpermute_qk(t, heads[kind]) for t in (part.q, part.scale,
+                                                                                            part.offset)), part.group)
+        return part
+
+    with torch.device("meta"):
+        model = LlamaModel(config)
+    model.rope = RopeTable(rope_inv_freq(config))
+    embedding = _grouped(g.path, tensors["token_embd.weight"])
+    model.model.embed_tokens = GroupedEmbedding(embedding, dtype)
+    head = tensors.get("output.weight")
+    model.lm_head = GroupedLinear([_grouped(g.path, head) if head is not None else embedding], None, dtype, split=False)
+    for i, layer in enumerate(model.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        name = f"blk.{i}."
+        biases = [tensors.get(f"{name}attn_{p}.bias") for p in "qkv"]
+        bias = torch.cat([_float(b, torch.float32) for b in biases]) if all(b is not None for b in biases) else None
+        attn.qkv = GroupedLinear([projection(f"{name}attn_{p}.weight") for p in "qkv"], bias, dtype, split=True)
+        attn.o_proj = GroupedLinear([projection(f"{name}attn_output.weight")], None, dtype, split=False)
+        mlp.gate_up = GroupedLinear([projection(f"{name}ffn_{p}.weight") for p in ("gate", "up")], None, dtype,
+                                    split=True)
+        mlp.down_proj = GroupedLinear([projection(f"{name}ffn_down.weight")], None, dtype, split=False)
+        del attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj
+        layer.input_layernorm.weight = nn.Parameter(_float(tensors[f"{name}attn_norm.weight"], dtype), False)
+        layer.post_attention_layernorm.weight = nn.Parameter(_float(tensors[f"{name}ffn_norm.weight"], dtype), False)
+    model.model.norm.weight = nn.Parameter(_float(tensors["output_norm.weight"], dtype), False)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise SpecdecError(f"GGUF {str(g.path)!r} lacks tensors for {left[:5]}")
+    return model.eval()

