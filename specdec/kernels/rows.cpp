@@ -146,36 +146,51 @@ void linear_any(const void* x, int x_bf16, const void* w, const float* scale, co
         linear<W>(x, x_bf16 != 0, wt, e, static_cast<float*>(y), M, N, K);
 }
 
-// Grouped int8 weights (GGUF's block formats unpacked, models/gguf_blocks.py): weight
-// w[n, k] = q[n, k] * scale[n, g] (+ offset[n, g]) for k in group g = k / G. Each weight vector
-// is dequantized in registers (one multiply, or one FMA with an offset: the same for every
-// row of the call) and then enters the same per-output 8-lane FMA chain as above.
-template <int G, bool OFF, int R, int C, class Y>
-inline void gtile(const float* x, int64_t ldx, const int8_t* w, const float* sc, const float* off, int64_t K,
-                  Y* y, int64_t ldy, const float* bias, int64_t n0) {
-    const int64_t KG = K / G;
+// Grouped weights (GGUF's block formats unpacked, models/gguf_blocks.py): weight
+// w[n, k] = q[n, k] * scale[n, g] (+ offset[n, g]) for k in group g = k / G, q stored as int8, or
+// (NIB) as unsigned 4-bit values, two a byte: a group of 32 is 16 bytes, byte j holding q[j] in
+// its low nibble and q[j + 16] in its high one. Each column's group is dequantized once into a
+// small float buffer (one multiply, or one FMA with an offset: the same for every row of the
+// call), which then enters the same per-output 8-lane FMA chain as the products above.
+template <int G, bool OFF, bool NIB>
+inline void dequant_group(const uint8_t* q, float s, float o, float* out) {
+    const __m256 sv = _mm256_set1_ps(s), ov = _mm256_set1_ps(o);
+    __m256i v[G / 8];
+    if (NIB) {
+        static_assert(!NIB || G == 32, "4-bit groups hold 32 values");
+        const __m128i bytes = _mm_loadu_si128((const __m128i*)q), mask = _mm_set1_epi8(0x0F);
+        const __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+        v[0] = _mm256_cvtepu8_epi32(lo);
+        v[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8));
+        v[2] = _mm256_cvtepu8_epi32(hi);
+        v[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
+    } else {
+        for (int i = 0; i < G / 8; ++i) v[i] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(q + 8 * i)));
+    }
+    for (int i = 0; i < G / 8; ++i) {
+        const __m256 f = _mm256_cvtepi32_ps(v[i]);
+        _mm256_store_ps(out + 8 * i, OFF ? _mm256_fmadd_ps(f, sv, ov) : _mm256_mul_ps(f, sv));
+    }
+}
+
+template <int G, bool OFF, bool NIB, int R, int C, class Y>
+inline void gtile(const float* x, int64_t ldx, const uint8_t* w, int64_t ldw, const float* sc, const float* off,
+                  int64_t K, Y* y, int64_t ldy, const float* bias, int64_t n0) {
+    const int64_t KG = K / G, GB = NIB ? G / 2 : G;  // bytes of a group
+    alignas(32) float buf[C][G];
     __m256 acc[R][C];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
     for (int64_t g = 0; g < KG; ++g) {
-        if ((g * G) % 64 == 0)  // the next tile's rows, a tile ahead: short rows defeat the hardware prefetcher
-            for (int c = 0; c < C; ++c) _mm_prefetch((const char*)(w + (c + C) * K + g * G), _MM_HINT_T0);
-        __m256 s[C], o[C];
-        for (int c = 0; c < C; ++c) {
-            s[c] = _mm256_set1_ps(sc[c * KG + g]);
-            if (OFF) o[c] = _mm256_set1_ps(off[c * KG + g]);
-        }
-        for (int64_t k = g * G; k < g * G + G; k += 8) {
-            __m256 wv[C];
-            for (int c = 0; c < C; ++c) {
-                const __m256 qv = I8::load(w + c * K + k);
-                wv[c] = OFF ? _mm256_fmadd_ps(qv, s[c], o[c]) : _mm256_mul_ps(qv, s[c]);
-            }
+        if ((g * GB) % 64 == 0)  // the next tile's rows, a tile ahead: short rows defeat the hardware prefetcher
+            for (int c = 0; c < C; ++c) _mm_prefetch((const char*)(w + (c + C) * ldw + g * GB), _MM_HINT_T0);
+        for (int c = 0; c < C; ++c)
+            dequant_group<G, OFF, NIB>(w + c * ldw + g * GB, sc[c * KG + g], OFF ? off[c * KG + g] : 0.f, buf[c]);
+        for (int i = 0; i < G; i += 8)
             for (int r = 0; r < R; ++r) {
-                const __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
-                for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+                const __m256 xv = _mm256_loadu_ps(x + r * ldx + g * G + i);
+                for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, _mm256_load_ps(buf[c] + i), acc[r][c]);
             }
-        }
     }
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) {
@@ -185,28 +200,24 @@ inline void gtile(const float* x, int64_t ldx, const int8_t* w, const float* sc,
         }
 }
 
-#ifndef GC1
-#define GC1 3
-#define GC2 3
-#define GC3 2
-#define GC4 2
-#endif
-template <int G, bool OFF, int R, class Y>
-inline void grows_block(const float* x, int64_t ldx, const int8_t* w, const float* sc, const float* off, int64_t K,
+template <int G, bool OFF, bool NIB, int R, class Y>
+inline void grows_block(const float* x, int64_t ldx, const uint8_t* w, const float* sc, const float* off, int64_t K,
                         Y* y, int64_t ldy, int64_t n0, int64_t n1, const float* bias) {
-    constexpr int C = R == 1 ? GC1 : R == 2 ? GC2 : R == 3 ? GC3 : GC4;
-    const int64_t KG = K / G;
+    constexpr int C = R <= 2 ? 4 : 3;  // measured: 2-8 columns a tile time alike here
+    const int64_t KG = K / G, ldw = NIB ? K / 2 : K;
     int64_t n = n0;
     for (; n + C <= n1; n += C)
-        gtile<G, OFF, R, C>(x, ldx, w + n * K, sc + n * KG, OFF ? off + n * KG : nullptr, K, y + n, ldy, bias, n);
+        gtile<G, OFF, NIB, R, C>(x, ldx, w + n * ldw, ldw, sc + n * KG, OFF ? off + n * KG : nullptr, K, y + n, ldy,
+                                 bias, n);
     for (; n < n1; ++n)
-        gtile<G, OFF, R, 1>(x, ldx, w + n * K, sc + n * KG, OFF ? off + n * KG : nullptr, K, y + n, ldy, bias, n);
+        gtile<G, OFF, NIB, R, 1>(x, ldx, w + n * ldw, ldw, sc + n * KG, OFF ? off + n * KG : nullptr, K, y + n, ldy,
+                                 bias, n);
 }
 
 // x [M, K] (float32 or bfloat16), y rows of stride ldy (a fused projection's part writes its
 // columns of the whole output)
-template <int G, bool OFF, class Y>
-void glinear(const void* x_in, bool x_bf16, const int8_t* w, const float* sc, const float* off, const float* bias,
+template <int G, bool OFF, bool NIB, class Y>
+void glinear(const void* x_in, bool x_bf16, const uint8_t* w, const float* sc, const float* off, const float* bias,
              Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
     std::vector<float> converted;
     const float* x = static_cast<const float*>(x_in);
@@ -221,32 +232,32 @@ void glinear(const void* x_in, bool x_bf16, const int8_t* w, const float* sc, co
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * NB, n1 = std::min(N, n0 + NB);
         int64_t m = 0;
-        for (; m + 4 <= M; m += 4) grows_block<G, OFF, 4>(x + m * K, K, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias);
+        for (; m + 4 <= M; m += 4)
+            grows_block<G, OFF, NIB, 4>(x + m * K, K, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias);
         switch (M - m) {
-            case 3: grows_block<G, OFF, 3>(x + m * K, K, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
-            case 2: grows_block<G, OFF, 2>(x + m * K, K, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
-            case 1: grows_block<G, OFF, 1>(x + m * K, K, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 3: grows_block<G, OFF, NIB, 3>(x + m * K, K, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 2: grows_block<G, OFF, NIB, 2>(x + m * K, K, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 1: grows_block<G, OFF, NIB, 1>(x + m * K, K, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
             default: break;
         }
     }
 }
 
-template <int G, class Y>
-void glinear_off(const void* x, bool x_bf16, const int8_t* w, const float* sc, const float* off, const float* bias,
-                 Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
-    if (off)
-        glinear<G, true>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K);
-    else
-        glinear<G, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K);
-}
-
 template <class Y>
-int glinear_any(const void* x, bool x_bf16, const int8_t* w, const float* sc, const float* off, int64_t G,
-                const float* bias, Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
+int glinear_any(const void* x, bool x_bf16, const uint8_t* w, int bits, const float* sc, const float* off,
+                int64_t G, const float* bias, Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
     if (K % G) return 1;
-    switch (G) {
-        case 16: glinear_off<16>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
-        case 32: glinear_off<32>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
+    if (bits == 4 && G == 32) {
+        if (off) glinear<32, true, true>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K);
+        else glinear<32, false, true>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K);
+        return 0;
+    }
+    if (bits != 8) return 1;
+    switch (G * 2 + (off != nullptr)) {
+        case 32: glinear<16, false, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
+        case 33: glinear<16, true, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
+        case 64: glinear<32, false, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
+        case 65: glinear<32, true, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
         default: return 1;
     }
 }
@@ -373,12 +384,15 @@ void linear_i8(const void* x, int x_bf16, const int8_t* w, const float* scale, c
     linear_any<I8>(x, x_bf16, w, scale, bias, y, y_bf16, M, N, K);
 }
 
-// y[:, :N] (row stride ldy) = x @ (q * scale (+ offset)).T (+ bias), groups of G (16 or 32)
-// inputs; scale, offset [N, K / G] float32 (offset may be null). Returns 1 for a G it lacks.
-int linear_q8g(const void* x, int x_bf16, const int8_t* q, const float* scale, const float* offset, int64_t G,
-               const float* bias, void* y, int y_bf16, int64_t ldy, int64_t M, int64_t N, int64_t K) {
-    if (y_bf16) return glinear_any(x, x_bf16 != 0, q, scale, offset, G, bias, static_cast<uint16_t*>(y), ldy, M, N, K);
-    return glinear_any(x, x_bf16 != 0, q, scale, offset, G, bias, static_cast<float*>(y), ldy, M, N, K);
+// y[:, :N] (row stride ldy) = x @ (q * scale (+ offset)).T (+ bias), groups of G inputs; q int8
+// [N, K] (bits 8, G 16 or 32) or 4-bit [N, K / 2] (bits 4, G 32); scale, offset [N, K / G]
+// float32 (offset may be null). Returns 1 for a layout it lacks.
+int linear_grouped(const void* x, int x_bf16, const void* q, int bits, const float* scale, const float* offset,
+                   int64_t G, const float* bias, void* y, int y_bf16, int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    const uint8_t* w = static_cast<const uint8_t*>(q);
+    if (y_bf16)
+        return glinear_any(x, x_bf16 != 0, w, bits, scale, offset, G, bias, static_cast<uint16_t*>(y), ldy, M, N, K);
+    return glinear_any(x, x_bf16 != 0, w, bits, scale, offset, G, bias, static_cast<float*>(y), ldy, M, N, K);
 }
 
 // caches in bfloat16 or float32; out float32 or bfloat16 (out_bf16)

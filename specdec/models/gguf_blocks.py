@@ -20,24 +20,40 @@ from specdec.errors import SpecdecError
 BLOCK_SIZES = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
                "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
 GROUPED_FORMATS = tuple(BLOCK_SIZES)
+# values of at most 4 bits: stored two a byte (half the bytes a pass reads)
+FOUR_BIT_FORMATS = ("Q4_0", "Q4_1", "Q4_K")
 
 
 @dataclass
 class Grouped:
-    """w[n, k] = q[n, k] * scale[n, k // group] (+ offset[n, k // group])."""
-    q: torch.Tensor  # int8 [N, K]
+    """w[n, k] = q[n, k] * scale[n, k // group] (+ offset[n, k // group]). q is int8 [N, K], or
+    uint8 [N, K / 2] holding unsigned 4-bit values: in each group of 32, byte j holds value j in
+    its low nibble and value j + 16 in its high one (the kernel's layout, rows.cpp)."""
+    q: torch.Tensor
     scale: torch.Tensor  # float32 [N, K / group]
     offset: torch.Tensor | None  # float32 [N, K / group]
     group: int
 
     @property
+    def bits(self) -> int:
+        return 4 if self.q.dtype == torch.uint8 else 8
+
+    @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.q.shape)
+        return self.q.shape[0], self.q.shape[1] * (8 // self.bits)
+
+    def values(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+        """The integer values q of the given rows, [rows, K] int16."""
+        q = self.q[rows]
+        if self.bits == 8:
+            return q.to(torch.int16)
+        halves = q.reshape(*q.shape[:-1], -1, 16).to(torch.int16)
+        return torch.cat([halves & 15, halves >> 4], -1).reshape(*q.shape[:-1], -1)
 
     def dequantized(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
         """Float32 weights of the given rows (all by default)."""
         scale = self.scale[rows].repeat_interleave(self.group, dim=-1)
-        w = self.q[rows].to(torch.float32) * scale
+        w = self.values(rows).to(torch.float32) * scale
         return w if self.offset is None else w + self.offset[rows].repeat_interleave(self.group, dim=-1)
 
     @property
@@ -122,17 +138,23 @@ def unpack(kind: str, data: np.ndarray, shape: tuple[int, int], rows_per_call: i
         raise SpecdecError(f"a {kind} tensor of shape {shape} needs {N * K // values * nbytes} bytes in blocks of "
                            f"{values}; it has {data.size} (truncated file?)")
     data = np.asarray(data, dtype=np.uint8).reshape(N, K // values * nbytes)
-    q = torch.empty(N, K, dtype=torch.int8)
+    four_bit = kind in FOUR_BIT_FORMATS
+    q = torch.empty(N, K // 2 if four_bit else K, dtype=torch.uint8 if four_bit else torch.int8)
     scale = offset = None
     group = 0
     for start in range(0, N, rows_per_call):
         part = data[start:start + rows_per_call]
         n = part.shape[0]
         qb, sb, ob, group = _unpack(kind, part.reshape(-1, nbytes))
+        if kind == "Q4_0":  # stored unsigned: (q + 8) * d - 8 * d, both products exact
+            qb, ob = qb + 8, -8 * sb
+        if four_bit:
+            halves = qb.reshape(n, K // 32, 2, 16).astype(np.uint8)
+            qb = halves[:, :, 0] | (halves[:, :, 1] << 4)
         if scale is None:
             scale = torch.empty(N, K // group, dtype=torch.float32)
             offset = None if ob is None else torch.empty(N, K // group, dtype=torch.float32)
-        q[start:start + n] = torch.from_numpy(np.ascontiguousarray(qb).reshape(n, K))
+        q[start:start + n] = torch.from_numpy(np.ascontiguousarray(qb).reshape(n, -1))
         scale[start:start + n] = torch.from_numpy(np.ascontiguousarray(sb, dtype=np.float32).reshape(n, -1))
         if offset is not None:
             offset[start:start + n] = torch.from_numpy(np.ascontiguousarray(ob, dtype=np.float32).reshape(n, -1))
