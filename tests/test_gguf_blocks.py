@@ -52,34 +52,48 @@ def test_a_short_tensor_is_refused_by_name():
         unpack("IQ2_XS", data, (4, 64))
 
 
+def quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as the grouped kernel sees it: 8 bits per value by blocks of 32 (llama.cpp's Q8_0
+    activations), scale max|x| / 127, rounding to nearest even."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(d > 0, blocks * torch.where(d > 0, 1 / d, 0), 0).round()
+    return (q.double() * d.double()).reshape(x.shape)
+
+
 @needs_kernels
 @pytest.mark.parametrize("kind", ["Q4_K", "Q4_0", "Q6_K", "Q5_0", "Q8_0"])
-def test_grouped_products_are_float32_accurate_and_row_invariant(kind):
+def test_grouped_products_are_the_quantized_dot_products_and_row_invariant(kind):
     g = unpack(kind, random_blocks(kind, 45, 512, seed=1), (45, 512))
     x = torch.randn(21, 512, generator=torch.Generator().manual_seed(0))
     bias = torch.randn(45)
-    y = invariant.linear_grouped(x, g.q, g.scale, g.offset, g.group, bias)
-    reference = F.linear(x.double(), g.dequantized().double(), bias.double())
+    y = invariant.linear_grouped(x, g.q, g.scale, g.offset, g.group, bias, bits=g.bits)
+    reference = F.linear(quantized_activations(x), g.dequantized().double(), bias.double())
     assert torch.allclose(y.double(), reference, rtol=1e-5, atol=1e-5 * float(reference.abs().max()))
+    exact = F.linear(x.double(), g.dequantized().double(), bias.double())  # within 8-bit activations' error
+    assert float((y.double() - exact).abs().max()) < 0.02 * float(exact.abs().max())
     for m in range(1, 22):
         for start in (0, 21 - m):
             rows = x[start:start + m].contiguous()
-            assert torch.equal(invariant.linear_grouped(rows, g.q, g.scale, g.offset, g.group, bias),
+            assert torch.equal(invariant.linear_grouped(rows, g.q, g.scale, g.offset, g.group, bias, bits=g.bits),
                                y[start:start + m]), (m, start)
 
 
-def test_a_fused_projection_without_kernels_gives_the_same_values(monkeypatch):
+def test_a_fused_projection_without_kernels_gives_close_values(monkeypatch):
     parts = [unpack(kind, random_blocks(kind, n, 256, seed=n), (n, 256)) for kind, n in (("Q4_K", 40), ("Q6_K", 24))]
     bias = torch.randn(64)
     linear = GroupedLinear(parts, bias, torch.float32, split=True)
     x = torch.randn(2, 3, 256)
     q, k = linear(x)
     assert q.shape == (2, 3, 40) and k.shape == (2, 3, 24)
-    reference = F.linear(x.double(), torch.cat([p.dequantized() for p in parts]).double(), bias.double())
+    weight = torch.cat([p.dequantized() for p in parts]).double()
+    reference = F.linear(quantized_activations(x), weight, bias.double())
     scale = float(reference.abs().max())
-    assert torch.allclose(torch.cat([q, k], -1).double(), reference, rtol=1e-5, atol=1e-6 * scale)
-    monkeypatch.setattr(invariant, "load", lambda: None)
-    assert torch.allclose(linear.product(x).double(), reference, rtol=1e-5, atol=1e-6 * scale)
+    if build.load() is not None:
+        assert torch.allclose(torch.cat([q, k], -1).double(), reference, rtol=1e-5, atol=1e-6 * scale)
+    monkeypatch.setattr(invariant, "load", lambda: None)  # the fallback: float activations
+    exact = F.linear(x.double(), weight, bias.double())
+    assert torch.allclose(linear.product(x).double(), exact, rtol=1e-5, atol=1e-6 * scale)
 
 
 # ---------------------------------------------------------------- whole models
@@ -95,13 +109,20 @@ def tiny_quantized(tmp_path_factory) -> Path:
     return write_from(folder, tmp_path_factory.mktemp("gguf") / "tiny-q8_0.gguf", "q8_0")
 
 
-def test_a_gguf_model_on_its_blocks_matches_the_dequantized_model(tiny_quantized):
+def test_a_gguf_model_on_its_blocks_matches_the_dequantized_model(tiny_quantized, kernels):
+    """Without the kernels (float activations) to float32 rounding; with them, within what 8-bit
+    activations change (as llama.cpp's own products)."""
     ids = torch.randint(0, 250, (1, 40), generator=torch.Generator().manual_seed(0))
     dense = load_native(tiny_quantized, "float32")
     blocks = load_grouped(open_model(tiny_quantized).gguf_file, torch.float32)
     assert not any(isinstance(m, torch.nn.Linear) for m in blocks.modules())  # no float copy left
     with torch.no_grad():
-        assert torch.allclose(blocks(ids), dense(ids), atol=1e-4, rtol=1e-4)
+        got, want = blocks(ids), dense(ids)
+    if kernels == "rows alone":
+        assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+    else:
+        assert float((got - want).abs().mean()) < 0.05 * float(want.abs().mean())
+        assert float((got.argmax(-1) == want.argmax(-1)).float().mean()) > 0.9
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])

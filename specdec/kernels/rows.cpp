@@ -146,118 +146,188 @@ void linear_any(const void* x, int x_bf16, const void* w, const float* scale, co
         linear<W>(x, x_bf16 != 0, wt, e, static_cast<float*>(y), M, N, K);
 }
 
-// Grouped weights (GGUF's block formats unpacked, models/gguf_blocks.py): weight
-// w[n, k] = q[n, k] * scale[n, g] (+ offset[n, g]) for k in group g = k / G, q stored as int8, or
-// (NIB) as unsigned 4-bit values, two a byte: a group of 32 is 16 bytes, byte j holding q[j] in
-// its low nibble and q[j + 16] in its high one. Each column's group is dequantized once into a
-// small float buffer (one multiply, or one FMA with an offset: the same for every row of the
-// call), which then enters the same per-output 8-lane FMA chain as the products above.
-template <int G, bool OFF, bool NIB>
-inline void dequant_group(const uint8_t* q, float s, float o, float* out) {
-    const __m256 sv = _mm256_set1_ps(s), ov = _mm256_set1_ps(o);
-    __m256i v[G / 8];
-    if (NIB) {
-        static_assert(!NIB || G == 32, "4-bit groups hold 32 values");
-        const __m128i bytes = _mm_loadu_si128((const __m128i*)q), mask = _mm_set1_epi8(0x0F);
-        const __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-        v[0] = _mm256_cvtepu8_epi32(lo);
-        v[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8));
-        v[2] = _mm256_cvtepu8_epi32(hi);
-        v[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
-    } else {
-        for (int i = 0; i < G / 8; ++i) v[i] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(q + 8 * i)));
-    }
-    for (int i = 0; i < G / 8; ++i) {
-        const __m256 f = _mm256_cvtepi32_ps(v[i]);
-        _mm256_store_ps(out + 8 * i, OFF ? _mm256_fmadd_ps(f, sv, ov) : _mm256_mul_ps(f, sv));
-    }
+// Grouped weights (GGUF's block formats unpacked, models/gguf_blocks.py), multiplied as
+// llama.cpp does: w[n, k] = q[n, k] * scale[n, g] (+ offset[n, g]) for k in group g = k / G (16 or
+// 32), and each row of x quantized to 8 bits by blocks of 32 (x ~ xq * dx, dx = max|x| / 127, the
+// rounding to nearest even), so that a block's products are integer dot products:
+//   y[m, n] = sum_b (dot(q, xq)_b * scale * dx_b) + sum_g offset_g * dx * sum(xq)_g (+ bias).
+// q is stored unsigned (4-bit: two a byte, byte j of a block holding value j in its low nibble and
+// value j + 16 in its high one; or one a byte), or signed one a byte (SIGNED: Q8_0). A row's
+// quantization and sums depend on that row only, in a fixed order: batch-invariant as above.
+
+struct QuantizedRows {  // x quantized per row and block of 32, with each group's sum of values
+    std::vector<int8_t> q;  // [M, K]
+    std::vector<float> d;  // [M, K / 32]
+    std::vector<float> sums;  // [M, K / G]: dx * sum of the group's quantized values
+};
+
+inline __m256 load_x8(const void* x, bool bf16, int64_t i) {
+    return bf16 ? Bf16::load(static_cast<const uint16_t*>(x) + i) : _mm256_loadu_ps(static_cast<const float*>(x) + i);
 }
 
-template <int G, bool OFF, bool NIB, int R, int C, class Y>
-inline void gtile(const float* x, int64_t ldx, const uint8_t* w, int64_t ldw, const float* sc, const float* off,
-                  int64_t K, Y* y, int64_t ldy, const float* bias, int64_t n0) {
-    const int64_t KG = K / G, GB = NIB ? G / 2 : G;  // bytes of a group
-    alignas(32) float buf[C][G];
+inline int hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+// dx = max|x| / 127 per block of 32; xq = x / dx rounded to nearest even (the default rounding
+// mode of the conversion), in [-127, 127]
+inline void quantize_rows(const void* x, bool bf16, int64_t M, int64_t K, int64_t G, QuantizedRows& out) {
+    const int64_t KB = K / 32;
+    out.q.resize(M * K);
+    out.d.resize(M * KB);
+    out.sums.resize(M * (K / G));
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t b = 0; b < KB; ++b) {
+            const int64_t at = m * K + b * 32;
+            __m256 v[4];
+            __m256 amax = _mm256_setzero_ps();
+            for (int i = 0; i < 4; ++i) {
+                v[i] = load_x8(x, bf16, at + 8 * i);
+                amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+            }
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_max_ss(h, _mm_movehdup_ps(h));
+            const float d = _mm_cvtss_f32(h) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+            out.d[m * KB + b] = d;
+            __m256i qi[4];
+            for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
+            // packs interleave 128-bit lanes: the permute puts the 32 values back in order
+            const __m256i p16a = _mm256_packs_epi32(qi[0], qi[1]), p16b = _mm256_packs_epi32(qi[2], qi[3]);
+            const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
+                                                           _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i*)(out.q.data() + at), p8);
+            const int lo = hsum_i32(_mm256_add_epi32(qi[0], qi[1])), hi = hsum_i32(_mm256_add_epi32(qi[2], qi[3]));
+            if (G == 32) out.sums[m * (K / G) + b] = d * float(lo + hi);
+            else {
+                out.sums[m * (K / G) + 2 * b] = d * float(lo);
+                out.sums[m * (K / G) + 2 * b + 1] = d * float(hi);
+            }
+        }
+}
+
+template <bool NIB>
+inline __m256i load_block(const uint8_t* w) {
+    if (NIB) {
+        const __m128i bytes = _mm_loadu_si128((const __m128i*)w), mask = _mm_set1_epi8(0x0F);
+        return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), _mm_and_si128(bytes, mask));
+    }
+    return _mm256_loadu_si256((const __m256i*)w);
+}
+
+// 8 lanes, lane i the sum of values 4i .. 4i + 3 of the block's products (exact integers)
+template <bool SIGNED>
+inline __m256 block_dot(__m256i w, __m256i x) {
+    const __m256i pairs = SIGNED ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+                                 : _mm256_maddubs_epi16(w, x);
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+inline float dot_f32(const float* a, const float* b, int64_t n) {  // fixed order: 8 lanes, then the tail
+    __m256 acc = _mm256_setzero_ps();
+    const int64_t n8 = n & ~int64_t(7);
+    for (int64_t i = 0; i < n8; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = hsum(acc);
+    for (int64_t i = n8; i < n; ++i) s = fmaf(a[i], b[i], s);
+    return s;
+}
+
+template <int G, bool NIB, bool SIGNED, bool OFF, int R, int C, class Y>
+inline void qtile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t ldw, const float* sc,
+                  const float* off, int64_t K, Y* y, int64_t ldy, const float* bias, int64_t n0) {
+    const int64_t KB = K / 32, KG = K / G, BB = NIB ? 16 : 32;  // bytes of a block of 32
     __m256 acc[R][C];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < KG; ++g) {
-        if ((g * GB) % 64 == 0)  // the next tile's rows, a tile ahead: short rows defeat the hardware prefetcher
-            for (int c = 0; c < C; ++c) _mm_prefetch((const char*)(w + (c + C) * ldw + g * GB), _MM_HINT_T0);
-        for (int c = 0; c < C; ++c)
-            dequant_group<G, OFF, NIB>(w + c * ldw + g * GB, sc[c * KG + g], OFF ? off[c * KG + g] : 0.f, buf[c]);
-        for (int i = 0; i < G; i += 8)
-            for (int r = 0; r < R; ++r) {
-                const __m256 xv = _mm256_loadu_ps(x + r * ldx + g * G + i);
-                for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, _mm256_load_ps(buf[c] + i), acc[r][c]);
-            }
+    for (int64_t b = 0; b < KB; ++b) {
+        if ((b * BB) % 64 == 0)  // the next tile's rows, a tile ahead: short rows defeat the hardware prefetcher
+            for (int c = 0; c < C; ++c) _mm_prefetch((const char*)(w + (c + C) * ldw + b * BB), _MM_HINT_T0);
+        __m256i wv[C];
+        __m256 sv[C];
+        for (int c = 0; c < C; ++c) {
+            wv[c] = load_block<NIB>(w + c * ldw + b * BB);
+            sv[c] = G == 32 ? _mm256_set1_ps(sc[c * KG + b])
+                            : _mm256_set_m128(_mm_set1_ps(sc[c * KG + 2 * b + 1]), _mm_set1_ps(sc[c * KG + 2 * b]));
+        }
+        for (int r = 0; r < R; ++r) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i*)(xr.q.data() + (m0 + r) * K + b * 32));
+            const __m256 dv = _mm256_set1_ps(xr.d[(m0 + r) * KB + b]);
+            for (int c = 0; c < C; ++c)
+                acc[r][c] = _mm256_fmadd_ps(block_dot<SIGNED>(wv[c], xv), _mm256_mul_ps(sv[c], dv), acc[r][c]);
+        }
     }
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) {
             float v = hsum(acc[r][c]);
+            if (OFF) v += dot_f32(off + c * KG, xr.sums.data() + (m0 + r) * KG, KG);
             if (bias) v += bias[n0 + c];
             store(y + r * ldy + c, v);
         }
 }
 
-template <int G, bool OFF, bool NIB, int R, class Y>
-inline void grows_block(const float* x, int64_t ldx, const uint8_t* w, const float* sc, const float* off, int64_t K,
-                        Y* y, int64_t ldy, int64_t n0, int64_t n1, const float* bias) {
-    constexpr int C = R <= 2 ? 4 : 3;  // measured: 2-8 columns a tile time alike here
+template <int G, bool NIB, bool SIGNED, bool OFF, int R, class Y>
+inline void qrows_block(const QuantizedRows& xr, int64_t m0, const uint8_t* w, const float* sc, const float* off,
+                        int64_t K, Y* y, int64_t ldy, int64_t n0, int64_t n1, const float* bias) {
+    constexpr int C = R == 1 ? 4 : R == 2 ? 3 : 2;  // R x C accumulators beside the blocks and scales
     const int64_t KG = K / G, ldw = NIB ? K / 2 : K;
     int64_t n = n0;
     for (; n + C <= n1; n += C)
-        gtile<G, OFF, NIB, R, C>(x, ldx, w + n * ldw, ldw, sc + n * KG, OFF ? off + n * KG : nullptr, K, y + n, ldy,
-                                 bias, n);
+        qtile<G, NIB, SIGNED, OFF, R, C>(xr, m0, w + n * ldw, ldw, sc + n * KG, OFF ? off + n * KG : nullptr, K,
+                                         y + n, ldy, bias, n);
     for (; n < n1; ++n)
-        gtile<G, OFF, NIB, R, 1>(x, ldx, w + n * ldw, ldw, sc + n * KG, OFF ? off + n * KG : nullptr, K, y + n, ldy,
-                                 bias, n);
+        qtile<G, NIB, SIGNED, OFF, R, 1>(xr, m0, w + n * ldw, ldw, sc + n * KG, OFF ? off + n * KG : nullptr, K,
+                                         y + n, ldy, bias, n);
 }
 
 // x [M, K] (float32 or bfloat16), y rows of stride ldy (a fused projection's part writes its
 // columns of the whole output)
-template <int G, bool OFF, bool NIB, class Y>
-void glinear(const void* x_in, bool x_bf16, const uint8_t* w, const float* sc, const float* off, const float* bias,
+template <int G, bool NIB, bool SIGNED, bool OFF, class Y>
+void glinear(const void* x, bool x_bf16, const uint8_t* w, const float* sc, const float* off, const float* bias,
              Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
-    std::vector<float> converted;
-    const float* x = static_cast<const float*>(x_in);
-    if (x_bf16) {
-        converted.resize(M * K);
-        const uint16_t* xb = static_cast<const uint16_t*>(x_in);
-        for (int64_t i = 0; i < M * K; ++i) converted[i] = Bf16::one(xb + i);
-        x = converted.data();
-    }
+    QuantizedRows xr;
+    quantize_rows(x, x_bf16, M, K, G, xr);
     const int64_t blocks = (N + NB - 1) / NB;
     #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * NB, n1 = std::min(N, n0 + NB);
         int64_t m = 0;
         for (; m + 4 <= M; m += 4)
-            grows_block<G, OFF, NIB, 4>(x + m * K, K, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias);
+            qrows_block<G, NIB, SIGNED, OFF, 4>(xr, m, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias);
         switch (M - m) {
-            case 3: grows_block<G, OFF, NIB, 3>(x + m * K, K, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
-            case 2: grows_block<G, OFF, NIB, 2>(x + m * K, K, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
-            case 1: grows_block<G, OFF, NIB, 1>(x + m * K, K, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 3: qrows_block<G, NIB, SIGNED, OFF, 3>(xr, m, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 2: qrows_block<G, NIB, SIGNED, OFF, 2>(xr, m, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 1: qrows_block<G, NIB, SIGNED, OFF, 1>(xr, m, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
             default: break;
         }
     }
 }
 
+// The layouts models/gguf_blocks.py produces: 4-bit unsigned (groups of 32), 8-bit unsigned
+// (groups of 16 or 32), 8-bit signed without offsets (Q8_0). 1 for anything else.
 template <class Y>
-int glinear_any(const void* x, bool x_bf16, const uint8_t* w, int bits, const float* sc, const float* off,
-                int64_t G, const float* bias, Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
-    if (K % G) return 1;
-    if (bits == 4 && G == 32) {
-        if (off) glinear<32, true, true>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K);
-        else glinear<32, false, true>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K);
+int glinear_any(const void* x, bool x_bf16, const uint8_t* w, int bits, int is_signed, const float* sc,
+                const float* off, int64_t G, const float* bias, Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    if (K % 32 || (G != 16 && G != 32)) return 1;
+    if (bits == 4 && G == 32 && !is_signed) {
+        if (off) glinear<32, true, false, true>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K);
+        else glinear<32, true, false, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K);
         return 0;
     }
     if (bits != 8) return 1;
+    if (is_signed) {
+        if (off || G != 32) return 1;
+        glinear<32, false, true, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K);
+        return 0;
+    }
     switch (G * 2 + (off != nullptr)) {
-        case 32: glinear<16, false, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
-        case 33: glinear<16, true, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
-        case 64: glinear<32, false, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
-        case 65: glinear<32, true, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
+        case 32: glinear<16, false, false, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
+        case 33: glinear<16, false, false, true>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
+        case 64: glinear<32, false, false, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
+        case 65: glinear<32, false, false, true>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
         default: return 1;
     }
 }
@@ -384,15 +454,19 @@ void linear_i8(const void* x, int x_bf16, const int8_t* w, const float* scale, c
     linear_any<I8>(x, x_bf16, w, scale, bias, y, y_bf16, M, N, K);
 }
 
-// y[:, :N] (row stride ldy) = x @ (q * scale (+ offset)).T (+ bias), groups of G inputs; q int8
-// [N, K] (bits 8, G 16 or 32) or 4-bit [N, K / 2] (bits 4, G 32); scale, offset [N, K / G]
-// float32 (offset may be null). Returns 1 for a layout it lacks.
-int linear_grouped(const void* x, int x_bf16, const void* q, int bits, const float* scale, const float* offset,
-                   int64_t G, const float* bias, void* y, int y_bf16, int64_t ldy, int64_t M, int64_t N, int64_t K) {
+// y[:, :N] (row stride ldy) = x @ (q * scale (+ offset)).T (+ bias) with x quantized to 8 bits
+// by blocks of 32 (see glinear), groups of G inputs; q [N, K] one value a byte (bits 8, G 16 or
+// 32; is_signed: int8 without offsets) or [N, K / 2] unsigned 4-bit (bits 4, G 32); scale, offset
+// [N, K / G] float32 (offset may be null). Returns 1 for a layout it lacks.
+int linear_grouped(const void* x, int x_bf16, const void* q, int bits, int is_signed, const float* scale,
+                   const float* offset, int64_t G, const float* bias, void* y, int y_bf16, int64_t ldy, int64_t M,
+                   int64_t N, int64_t K) {
     const uint8_t* w = static_cast<const uint8_t*>(q);
     if (y_bf16)
-        return glinear_any(x, x_bf16 != 0, w, bits, scale, offset, G, bias, static_cast<uint16_t*>(y), ldy, M, N, K);
-    return glinear_any(x, x_bf16 != 0, w, bits, scale, offset, G, bias, static_cast<float*>(y), ldy, M, N, K);
+        return glinear_any(x, x_bf16 != 0, w, bits, is_signed, scale, offset, G, bias, static_cast<uint16_t*>(y), ldy,
+                           M, N, K);
+    return glinear_any(x, x_bf16 != 0, w, bits, is_signed, scale, offset, G, bias, static_cast<float*>(y), ldy, M, N,
+                       K);
 }
 
 // caches in bfloat16 or float32; out float32 or bfloat16 (out_bf16)

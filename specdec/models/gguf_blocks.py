@@ -22,21 +22,21 @@ BLOCK_SIZES = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32
 GROUPED_FORMATS = tuple(BLOCK_SIZES)
 # values of at most 4 bits: stored two a byte (half the bytes a pass reads)
 FOUR_BIT_FORMATS = ("Q4_0", "Q4_1", "Q4_K")
+SHIFTS = {"Q4_0": 8, "Q5_0": 16, "Q6_K": 32}  # signed values stored unsigned (the kernel's u8 x s8 products)
 
 
 @dataclass
 class Grouped:
-    """w[n, k] = q[n, k] * scale[n, k // group] (+ offset[n, k // group]). q is int8 [N, K], or
-    uint8 [N, K / 2] holding unsigned 4-bit values: in each group of 32, byte j holds value j in
-    its low nibble and value j + 16 in its high one (the kernel's layout, rows.cpp)."""
+    """w[n, k] = q[n, k] * scale[n, k // group] (+ offset[n, k // group]). q is unsigned, uint8
+    [N, K] (bits 8) or [N, K / 2] holding 4-bit values (bits 4: in each group of 32, byte j holds
+    value j in its low nibble and value j + 16 in its high one, the kernel's layout, rows.cpp);
+    or int8 [N, K] without offsets (Q8_0). Signed formats are stored shifted, their offset
+    taking the shift back: (q + 16) * d - 16 * d, both products exact in float32."""
     q: torch.Tensor
     scale: torch.Tensor  # float32 [N, K / group]
     offset: torch.Tensor | None  # float32 [N, K / group]
     group: int
-
-    @property
-    def bits(self) -> int:
-        return 4 if self.q.dtype == torch.uint8 else 8
+    bits: int = 8
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -139,15 +139,15 @@ def unpack(kind: str, data: np.ndarray, shape: tuple[int, int], rows_per_call: i
                            f"{values}; it has {data.size} (truncated file?)")
     data = np.asarray(data, dtype=np.uint8).reshape(N, K // values * nbytes)
     four_bit = kind in FOUR_BIT_FORMATS
-    q = torch.empty(N, K // 2 if four_bit else K, dtype=torch.uint8 if four_bit else torch.int8)
+    q = torch.empty(N, K // 2 if four_bit else K, dtype=torch.int8 if kind == "Q8_0" else torch.uint8)
     scale = offset = None
     group = 0
     for start in range(0, N, rows_per_call):
         part = data[start:start + rows_per_call]
         n = part.shape[0]
         qb, sb, ob, group = _unpack(kind, part.reshape(-1, nbytes))
-        if kind == "Q4_0":  # stored unsigned: (q + 8) * d - 8 * d, both products exact
-            qb, ob = qb + 8, -8 * sb
+        if kind in SHIFTS:  # stored unsigned, the offset taking the shift back
+            qb, ob = (qb.astype(np.int16) + SHIFTS[kind]).astype(np.uint8), -SHIFTS[kind] * sb
         if four_bit:
             halves = qb.reshape(n, K // 32, 2, 16).astype(np.uint8)
             qb = halves[:, :, 0] | (halves[:, :, 1] << 4)
@@ -158,4 +158,4 @@ def unpack(kind: str, data: np.ndarray, shape: tuple[int, int], rows_per_call: i
         scale[start:start + n] = torch.from_numpy(np.ascontiguousarray(sb, dtype=np.float32).reshape(n, -1))
         if offset is not None:
             offset[start:start + n] = torch.from_numpy(np.ascontiguousarray(ob, dtype=np.float32).reshape(n, -1))
-    return Grouped(q, scale, offset, group)
+    return Grouped(q, scale, offset, group, 4 if four_bit else 8)

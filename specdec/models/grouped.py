@@ -56,7 +56,8 @@ class GroupedLinear(nn.Module):
         for part in self.parts:
             n = part.shape[0]
             bias = None if self.bias is None else self.bias[column:column + n]
-            if invariant.linear_grouped(rows, part.q, part.scale, part.offset, part.group, bias, out, column) is None:
+            if invariant.linear_grouped(rows, part.q, part.scale, part.offset, part.group, bias, out, column,
+                                        part.bits) is None:
                 out[:, column:column + n] = rows_alone(lambda row, p=part, b=bias: self._dequantized_product(row, p, b),
                                                        rows)
             column += n
@@ -123,7 +124,8 @@ def load_grouped(g: GGUFFile, dtype: torch.dtype) -> LlamaModel:
         kind = name.split(".")[-2].removeprefix("attn_")
         if g.architecture in PERMUTED_ARCHITECTURES and kind in heads:  # llama.cpp's row order -> HF's
             part = Grouped(*(None if t is None else unpermute_qk(t, heads[kind]) for t in (part.q, part.scale,
-                                                                                            part.offset)), part.group)
+                                                                                            part.offset)), part.group,
+                           part.bits)
         return part
 
     with torch.device("meta"):
