@@ -18,13 +18,14 @@ import torch
 
 from specdec.api import SpecDecoder, load
 from specdec.bench_peers import HF_METHODS, LLAMA_CPP_METHODS, LlamaCppPeer, TransformersPeer, llama_cpp_gguf
-from specdec.bundled import DEFAULT_TARGET, default_head, resolve_model_name
+from specdec.bundled import DEFAULT_TARGET, default_head, default_quantize, resolve_model_name
 from specdec.chat_template import ChatTemplate
 from specdec.cli_common import add_checkpoint_args, add_quantize_args, add_threads_arg, apply_threads
 from specdec.errors import SpecdecError
 from specdec.extras import require
 from specdec.llama_cpp import ENV_VAR, LlamaServer, find_llama_server, server_version
 from specdec.models.checkpoint import read_hf_config
+from specdec.models.gguf import find_gguf
 from specdec.models.quant import DEFAULT_GROUP_SIZE
 from specdec.pass_costs import pass_cost_curves, print_cost_table
 from specdec.prompts import RAW_TASKS, TASKS, build_suite, render_chat
@@ -137,8 +138,14 @@ def make_runner(m: str, setup: dict, stack: ExitStack, tokenizer: TextTokenizer)
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="specdec-bench-")))
             setup["llama_gguf"] = llama_cpp_gguf(target or DEFAULT_TARGET, dtype, folder)
         ctx = min(8192, read_hf_config(target or DEFAULT_TARGET).get("max_position_embeddings", 4096))
+        extra: tuple[str, ...] = ()
+        if LLAMA_CPP_METHODS[base] == "draft":  # the same draft model as specdec's, when it is a GGUF
+            draft_model = resolve_model_name(draft) if draft else default_head(target, "draft")
+            if draft_model is None or find_gguf(Path(draft_model)) is None:
+                raise SpecdecError(f"{m} needs a GGUF draft model (--draft FILE.gguf, or a target shipped with one)")
+            extra = ("-md", str(find_gguf(Path(draft_model))), "--spec-draft-threads", str(torch.get_num_threads()))
         server = LlamaServer(setup["llama_server"], setup["llama_gguf"], torch.get_num_threads(), ctx,
-                             LLAMA_CPP_METHODS[base])
+                             LLAMA_CPP_METHODS[base], extra)
         return LlamaCppPeer(m, stack.enter_context(server), tokenizer)
     raise SpecdecError(f"unknown bench method {m!r}; choose from "
                        f"{', '.join(SPECDEC_METHODS + HF_METHODS + tuple(LLAMA_CPP_METHODS))} (NAME:K fixes K; "
@@ -280,6 +287,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise SpecdecError(f"--llama-cpp-gguf {str(llama_gguf)!r} is not a file")
     check_extras(methods, args.plot)
     apply_threads(args)
+    args.quantize = args.quantize or default_quantize(args.target)
+    if llama_gguf is None and args.quantize == "gguf":  # llama.cpp runs the very file specdec runs on its blocks
+        llama_gguf = find_gguf(resolve_model_name(args.target or DEFAULT_TARGET))
     rows = run_bench(methods, temps, tasks, args.target, args.draft, args.max_new_tokens, args.prompts,
                      args.draft_tokens, args.dtype, {"medusa": args.medusa, "eagle": args.eagle},
                      args.repeats, llama_server=llama_server, llama_gguf=llama_gguf, quantize=args.quantize,

@@ -18,7 +18,8 @@ from specdec.text import TextTokenizer
 
 HF_METHODS = ("hf", "hf-assisted", "hf-lookup")
 # bench method name -> llama_cpp.SPEC_ARGS configuration
-LLAMA_CPP_METHODS = {"llama.cpp": "none", "llama.cpp-ngram": "ngram", "llama.cpp-ngram-mod": "ngram-mod"}
+LLAMA_CPP_METHODS = {"llama.cpp": "none", "llama.cpp-ngram": "ngram", "llama.cpp-ngram-mod": "ngram-mod",
+                     "llama.cpp-draft": "draft"}
 # bench dtype -> the GGUF weight type llama.cpp computes with
 GGUF_OUTTYPES = {"float32": "f32", "float64": "f32", "bfloat16": "bf16", "float16": "f16"}
 

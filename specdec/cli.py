@@ -73,9 +73,15 @@ def sample_json(decoder, result) -> dict:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from specdec.bundled import bundled_models, packaged_model_lines
+    from specdec.bundled import bundled_models, packaged_model_lines, resolve_model_name
     from specdec.models.checkpoint import read_hf_config
 
+    if args.path:
+        path = resolve_model_name(args.path)
+        if not path.exists():
+            raise SpecdecError(f"no model named {args.path!r}; `specdec models` lists them")
+        print(path.resolve())
+        return 0
     models = bundled_models()
     if not models:
         print("no bundled models found")
@@ -113,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat_cli.add_parser(sub)
 
-    m = sub.add_parser("models", help="list bundled models")
+    m = sub.add_parser("models", help="list bundled and packaged models")
+    m.add_argument("--path", metavar="NAME", help="print the file or folder a model name stands for (assembling a "
+                                                  "split model such as qwen-coder first)")
     m.set_defaults(func=cmd_models)
 
     bench.add_parser(sub)

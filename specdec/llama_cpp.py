@@ -30,6 +30,9 @@ SPEC_ARGS = {
     "none": [],
     "ngram": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8"],
     "ngram-mod": ["--spec-type", "ngram-mod"],
+    # a draft model (given with extra_args "-md FILE"): llama.cpp's default of up to 3 drafted
+    # tokens raised to 4, as measured for the Qwen2.5-Coder pair (../shared/PEERS.md)
+    "draft": ["--spec-type", "draft-simple", "--spec-draft-n-max", "4"],
 }
 
 

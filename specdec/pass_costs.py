@@ -50,10 +50,10 @@ def weight_bytes_per_pass(runner: NativeRunner) -> int:
     """Bytes of the weights a decode pass reads: everything but the embedding table, of which
     a pass reads a row (unless it is also the output head)."""
     model = runner.model
-    embedding = model.model.embed_tokens.weight
-    head = getattr(model.lm_head, "weight", None)
-    tied = head is not None and head.data_ptr() == embedding.data_ptr()
-    tensors = [t for t in [*model.parameters(), *model.buffers()] if tied or t.data_ptr() != embedding.data_ptr()]
+    embedding = {t.data_ptr() for t in [*model.model.embed_tokens.parameters(), *model.model.embed_tokens.buffers()]}
+    head = {t.data_ptr() for t in [*model.lm_head.parameters(), *model.lm_head.buffers()]}
+    tied = bool(embedding & head)
+    tensors = [t for t in [*model.parameters(), *model.buffers()] if tied or t.data_ptr() not in embedding]
     return tensor_bytes(tensors)
 
 

@@ -20,6 +20,7 @@ def main() -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--spec-type")
+    p.add_argument("-md")  # a draft model (--spec-type draft-simple)
     args, _ = p.parse_known_args()
     if args.version:
         print("version: 0 (fake)", file=sys.stderr)
@@ -27,10 +28,11 @@ def main() -> int:
     if os.environ.get("FAKE_LLAMA_FAIL"):
         print(f"error: failed to load model '{args.m}'", file=sys.stderr)
         return 1
-    with open(args.m, "rb") as f:
-        if f.read(4) != b"GGUF":
-            print(f"error: {args.m} is not a GGUF file", file=sys.stderr)
-            return 1
+    for model in (args.m, args.md):
+        with open(model or args.m, "rb") as f:
+            if f.read(4) != b"GGUF":
+                print(f"error: {model} is not a GGUF file", file=sys.stderr)
+                return 1
     speculative = args.spec_type is not None
 
     class Handler(BaseHTTPRequestHandler):

@@ -163,7 +163,7 @@ def fake_split_model(tmp_path: Path, monkeypatch, parts: list[bytes]) -> bundled
     return bundled.SplitModel("fake", tuple(names), "0.1", len(whole), hashlib.sha256(whole).hexdigest(), "a test")
 
 
-def test_a_split_model_is_assembled_once_and_checked(tmp_path, monkeypatch):
+def test_a_split_model_is_assembled_once_and_checked(tmp_path, monkeypatch, capsys):
     parts = [b"GGUF" + bytes(range(200)), bytes(300), b"tail"]
     model = fake_split_model(tmp_path, monkeypatch, parts)
     assert "assembled into" in bundled.split_model_status(model)
@@ -173,6 +173,12 @@ def test_a_split_model_is_assembled_once_and_checked(tmp_path, monkeypatch):
     mtime = path.stat().st_mtime_ns
     assert bundled.assemble(model) == path and path.stat().st_mtime_ns == mtime  # reused, not rebuilt
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [path.name]  # no temporary left
+    from specdec.cli import main
+
+    monkeypatch.setitem(bundled.SPLIT_MODELS, "fake", model)
+    assert main(["models", "--path", "fake"]) == 0
+    assert capsys.readouterr().out.strip() == str(path.resolve())
+    assert main(["models", "--path", "no-such-model"]) == 2
 
 
 def test_a_corrupt_or_missing_part_names_the_install_command(tmp_path, monkeypatch):

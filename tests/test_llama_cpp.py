@@ -114,6 +114,17 @@ def test_bench_runs_llama_cpp_peer_on_a_gguf_of_the_target(fake_bin, tmp_path):
     assert rows["llama.cpp-ngram"]["acceptance_rate"] == 0.5
 
 
+def test_bench_runs_llama_cpp_with_the_same_draft_model(fake_bin, gguf_file, tmp_path):
+    target = make_model_dir(tmp_path / "t2", layers=1, max_pos=2048)
+    out = tmp_path / "bench.json"
+    args = ["bench", "--target", str(target), "--methods", "llama.cpp-draft", "--llama-cpp", str(fake_bin),
+            "--temperatures", "0", "--tasks", "code", "--prompts", "1", "--max-new-tokens", "6"]
+    assert main([*args, "--draft", str(gguf_file), "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["method"] == "llama.cpp-draft" and row["acceptance_rate"] == 0.5
+    assert main([*args, "--draft", str(target)]) == 2  # a folder, not a GGUF: llama.cpp cannot load it
+
+
 def test_bench_llama_cpp_method_without_a_build_is_a_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv(ENV_VAR, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))

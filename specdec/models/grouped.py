@@ -36,7 +36,9 @@ class GroupedLinear(nn.Module):
         super().__init__()
         if len({p.shape[1] for p in parts}) != 1:
             raise ValueError("fused projections need the same number of inputs")
-        self.parts = parts  # not buffers: inference only, never saved
+        self.parts = parts
+        for i, part in enumerate(parts):  # buffers too, so that the model's memory counts them
+            _register(self, f"part{i}", part)
         self.bias = None if bias is None else bias.to(torch.float32).contiguous()
         self.dtype = dtype
         self.in_features = parts[0].shape[1]
@@ -80,10 +82,16 @@ class GroupedEmbedding(nn.Module):
         super().__init__()
         self.table, self.dtype = table, dtype
         self.num_embeddings, self.embedding_dim = table.shape
+        _register(self, "table", table)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)
         return self.table.dequantized(flat).to(self.dtype).reshape(*ids.shape, self.embedding_dim)
+
+
+def _register(module: nn.Module, name: str, part: Grouped) -> None:
+    for field in ("q", "scale", "offset"):
+        module.register_buffer(f"{name}_{field}", getattr(part, field), persistent=False)
 
 
 def _shape(tensor) -> tuple[int, ...]:
