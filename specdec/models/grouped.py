@@ -44,6 +44,9 @@ class GroupedLinear(nn.Module):
         self.in_features = parts[0].shape[1]
         self.out_features = sum(p.shape[0] for p in parts)
         self.sizes = [p.shape[0] for p in parts] if split else None
+        starts = [sum(p.shape[0] for p in parts[:i]) for i in range(len(parts))]
+        self.columns = starts  # where each part's outputs go
+        self.part_biases = [None if self.bias is None else self.bias[c:c + p.shape[0]] for c, p in zip(starts, parts)]
 
     def forward(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor | tuple[torch.Tensor, ...]:
         y = self.product(x, exact)
@@ -54,15 +57,12 @@ class GroupedLinear(nn.Module):
         construction, or a row at a time without it), so exact costs nothing extra."""
         rows = x.reshape(-1, self.in_features).to(self.dtype).contiguous()
         out = torch.empty(rows.shape[0], self.out_features, dtype=self.dtype)
-        column = 0
-        for part in self.parts:
-            n = part.shape[0]
-            bias = None if self.bias is None else self.bias[column:column + n]
+        for part, bias, column in zip(self.parts, self.part_biases, self.columns):
             if invariant.linear_grouped(rows, part.q, part.scale, part.offset, part.group, bias, out, column,
                                         part.bits) is None:
+                n = part.shape[0]
                 out[:, column:column + n] = rows_alone(lambda row, p=part, b=bias: self._dequantized_product(row, p, b),
                                                        rows)
-            column += n
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def _dequantized_product(self, row: torch.Tensor, part: Grouped, bias: torch.Tensor | None) -> torch.Tensor:
