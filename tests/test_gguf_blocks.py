@@ -15,7 +15,7 @@ from specdec import bundled
 from specdec.errors import SpecdecError
 from specdec.kernels import build, invariant
 from specdec.models.checkpoint import load_native, open_model
-from specdec.models.gguf_blocks import BLOCK_SIZES, FOUR_BIT_FORMATS, unpack
+from specdec.models.gguf_blocks import BLOCK_SIZES, FOUR_BIT_FORMATS, Grouped, unpack
 from specdec.models.grouped import GroupedLinear, load_grouped
 
 gguf = pytest.importorskip("gguf")
@@ -61,13 +61,18 @@ def quantized_activations(x: torch.Tensor) -> torch.Tensor:
     return (q.double() * d.double()).reshape(x.shape)
 
 
+def product(g, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return invariant.linear_grouped(x, g.q, g.scale, g.offset, g.group, bias, bits=g.bits, scale_super=g.scale_super,
+                                    offset_super=g.offset_super)
+
+
 @needs_kernels
-@pytest.mark.parametrize("kind", ["Q4_K", "Q4_0", "Q6_K", "Q5_0", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q4_0", "Q6_K", "Q5_0", "Q8_0"])
 def test_grouped_products_are_the_quantized_dot_products_and_row_invariant(kind):
     g = unpack(kind, random_blocks(kind, 45, 512, seed=1), (45, 512))
     x = torch.randn(21, 512, generator=torch.Generator().manual_seed(0))
     bias = torch.randn(45)
-    y = invariant.linear_grouped(x, g.q, g.scale, g.offset, g.group, bias, bits=g.bits)
+    y = product(g, x, bias)
     reference = F.linear(quantized_activations(x), g.dequantized().double(), bias.double())
     assert torch.allclose(y.double(), reference, rtol=1e-5, atol=1e-5 * float(reference.abs().max()))
     exact = F.linear(x.double(), g.dequantized().double(), bias.double())  # within 8-bit activations' error
@@ -75,8 +80,11 @@ def test_grouped_products_are_the_quantized_dot_products_and_row_invariant(kind)
     for m in range(1, 22):
         for start in (0, 21 - m):
             rows = x[start:start + m].contiguous()
-            assert torch.equal(invariant.linear_grouped(rows, g.q, g.scale, g.offset, g.group, bias, bits=g.bits),
-                               y[start:start + m]), (m, start)
+            assert torch.equal(product(g, rows, bias), y[start:start + m]), (m, start)
+    if g.scale_super is not None:  # the K-quants' two levels of scales give the one level's very bits
+        assert g.scale.dtype == torch.int8 and g.nbytes / (45 * 512) <= g.bits / 8 + 0.1  # bytes a weight
+        one_level = Grouped(g.q, *g.group_scales(), g.group, g.bits)
+        assert torch.equal(product(one_level, x, bias), y)
 
 
 def test_a_fused_projection_without_kernels_gives_close_values(monkeypatch):

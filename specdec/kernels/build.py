@@ -85,7 +85,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, name).argtypes = [p] * 8 + [i32] + [i64] * 6 + [f32]
     for name in ("linear_bf16", "linear_f32", "linear_i8", "attend_bf16", "attend_f32"):
         getattr(lib, name).restype = None
-    lib.linear_grouped.argtypes = [p, i32, p, i32, i32, p, p, i64, p, p, i32, i64, i64, i64, i64]
+    lib.linear_grouped.argtypes = [p, i32, p, i32, i32, p, p, p, p, i64, p, p, i32, i64, i64, i64, i64]
     lib.linear_grouped.restype = i32
 
 

@@ -236,10 +236,46 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {  // fixed orde
     return s;
 }
 
-template <int G, bool NIB, bool SIGNED, bool OFF, int R, int C, class Y>
-inline void qtile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t ldw, const float* sc,
-                  const float* off, int64_t K, Y* y, int64_t ldy, const float* bias, int64_t n0) {
-    const int64_t KB = K / 32, KG = K / G, BB = NIB ? 16 : 32;  // bytes of a block of 32
+// A group's scale and offset: float32 per group (one level), or (TWO) an int8 per group times a
+// float32 per 256 inputs, the K-quants' own two levels (d * sc, -dmin * m: products exact in
+// float32, so both give the same values; two levels read 1-2 bytes a group instead of 4-8).
+struct GroupScales {
+    const void* scale;
+    const void* offset;  // null: no offsets
+    const float* scale_super;  // TWO: [N, K / 256]
+    const float* offset_super;
+};
+
+template <int G, bool TWO>
+inline float group_scale(const void* sc, const float* sup, int64_t g) {
+    if (TWO) return sup[g / (256 / G)] * float(static_cast<const int8_t*>(sc)[g]);
+    return static_cast<const float*>(sc)[g];
+}
+
+// sum over a row's groups of offset * sums, 8 lanes in a fixed order (the offsets' values are
+// the same one or two levels give, so are the bits)
+template <int G, bool TWO>
+inline float offset_dot(const void* off, const float* sup, const float* sums, int64_t KG) {
+    if (!TWO) return dot_f32(static_cast<const float*>(off), sums, KG);
+    const int8_t* o = static_cast<const int8_t*>(off);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < KG; i += 8) {  // KG is a multiple of 256 / G, itself of 8
+        const __m256 ov = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(o + i)))),
+                                        _mm256_set1_ps(sup[i / (256 / G)]));
+        acc = _mm256_fmadd_ps(ov, _mm256_loadu_ps(sums + i), acc);
+    }
+    return hsum(acc);
+}
+
+template <int G, bool NIB, bool SIGNED, bool OFF, bool TWO, int R, int C, class Y>
+inline void qtile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t ldw, const GroupScales& gs,
+                  int64_t n, int64_t K, Y* y, int64_t ldy, const float* bias) {
+    const int64_t KB = K / 32, KG = K / G, KS = K / 256, BB = NIB ? 16 : 32;  // bytes of a block of 32
+    const int64_t SB = TWO ? 1 : 4;  // bytes of a group's scale
+    const char* sc = static_cast<const char*>(gs.scale) + n * KG * SB;
+    const char* off = OFF ? static_cast<const char*>(gs.offset) + n * KG * SB : nullptr;
+    const float* ssup = TWO ? gs.scale_super + n * KS : nullptr;
+    const float* osup = TWO && OFF ? gs.offset_super + n * KS : nullptr;
     __m256 acc[R][C];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
@@ -250,8 +286,11 @@ inline void qtile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t
         __m256 sv[C];
         for (int c = 0; c < C; ++c) {
             wv[c] = load_block<NIB>(w + c * ldw + b * BB);
-            sv[c] = G == 32 ? _mm256_set1_ps(sc[c * KG + b])
-                            : _mm256_set_m128(_mm_set1_ps(sc[c * KG + 2 * b + 1]), _mm_set1_ps(sc[c * KG + 2 * b]));
+            const void* scc = sc + c * KG * SB;
+            const float* supc = TWO ? ssup + c * KS : nullptr;
+            sv[c] = G == 32 ? _mm256_set1_ps(group_scale<G, TWO>(scc, supc, b))
+                            : _mm256_set_m128(_mm_set1_ps(group_scale<G, TWO>(scc, supc, 2 * b + 1)),
+                                              _mm_set1_ps(group_scale<G, TWO>(scc, supc, 2 * b)));
         }
         for (int r = 0; r < R; ++r) {
             const __m256i xv = _mm256_loadu_si256((const __m256i*)(xr.q.data() + (m0 + r) * K + b * 32));
@@ -263,31 +302,30 @@ inline void qtile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) {
             float v = hsum(acc[r][c]);
-            if (OFF) v += dot_f32(off + c * KG, xr.sums.data() + (m0 + r) * KG, KG);
-            if (bias) v += bias[n0 + c];
+            if (OFF)
+                v += offset_dot<G, TWO>(off + c * KG * SB, TWO ? osup + c * KS : nullptr,
+                                        xr.sums.data() + (m0 + r) * KG, KG);
+            if (bias) v += bias[n + c];
             store(y + r * ldy + c, v);
         }
 }
 
-template <int G, bool NIB, bool SIGNED, bool OFF, int R, class Y>
-inline void qrows_block(const QuantizedRows& xr, int64_t m0, const uint8_t* w, const float* sc, const float* off,
-                        int64_t K, Y* y, int64_t ldy, int64_t n0, int64_t n1, const float* bias) {
+template <int G, bool NIB, bool SIGNED, bool OFF, bool TWO, int R, class Y>
+inline void qrows_block(const QuantizedRows& xr, int64_t m0, const uint8_t* w, const GroupScales& gs, int64_t K,
+                        Y* y, int64_t ldy, int64_t n0, int64_t n1, const float* bias) {
     constexpr int C = R == 1 ? 4 : R == 2 ? 3 : 2;  // R x C accumulators beside the blocks and scales
-    const int64_t KG = K / G, ldw = NIB ? K / 2 : K;
+    const int64_t ldw = NIB ? K / 2 : K;
     int64_t n = n0;
     for (; n + C <= n1; n += C)
-        qtile<G, NIB, SIGNED, OFF, R, C>(xr, m0, w + n * ldw, ldw, sc + n * KG, OFF ? off + n * KG : nullptr, K,
-                                         y + n, ldy, bias, n);
-    for (; n < n1; ++n)
-        qtile<G, NIB, SIGNED, OFF, R, 1>(xr, m0, w + n * ldw, ldw, sc + n * KG, OFF ? off + n * KG : nullptr, K,
-                                         y + n, ldy, bias, n);
+        qtile<G, NIB, SIGNED, OFF, TWO, R, C>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
+    for (; n < n1; ++n) qtile<G, NIB, SIGNED, OFF, TWO, R, 1>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
 }
 
 // x [M, K] (float32 or bfloat16), y rows of stride ldy (a fused projection's part writes its
 // columns of the whole output)
-template <int G, bool NIB, bool SIGNED, bool OFF, class Y>
-void glinear(const void* x, bool x_bf16, const uint8_t* w, const float* sc, const float* off, const float* bias,
-             Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
+template <int G, bool NIB, bool SIGNED, bool OFF, bool TWO, class Y>
+void glinear(const void* x, bool x_bf16, const uint8_t* w, const GroupScales& gs, const float* bias, Y* y,
+             int64_t ldy, int64_t M, int64_t N, int64_t K) {
     QuantizedRows xr;
     quantize_rows(x, x_bf16, M, K, G, xr);
     const int64_t blocks = (N + NB - 1) / NB;
@@ -296,39 +334,39 @@ void glinear(const void* x, bool x_bf16, const uint8_t* w, const float* sc, cons
         const int64_t n0 = b * NB, n1 = std::min(N, n0 + NB);
         int64_t m = 0;
         for (; m + 4 <= M; m += 4)
-            qrows_block<G, NIB, SIGNED, OFF, 4>(xr, m, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias);
+            qrows_block<G, NIB, SIGNED, OFF, TWO, 4>(xr, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias);
         switch (M - m) {
-            case 3: qrows_block<G, NIB, SIGNED, OFF, 3>(xr, m, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
-            case 2: qrows_block<G, NIB, SIGNED, OFF, 2>(xr, m, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
-            case 1: qrows_block<G, NIB, SIGNED, OFF, 1>(xr, m, w, sc, off, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 3: qrows_block<G, NIB, SIGNED, OFF, TWO, 3>(xr, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 2: qrows_block<G, NIB, SIGNED, OFF, TWO, 2>(xr, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 1: qrows_block<G, NIB, SIGNED, OFF, TWO, 1>(xr, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
             default: break;
         }
     }
 }
 
-// The layouts models/gguf_blocks.py produces: 4-bit unsigned (groups of 32), 8-bit unsigned
-// (groups of 16 or 32), 8-bit signed without offsets (Q8_0). 1 for anything else.
+// The layouts models/gguf_blocks.py produces: 4-bit unsigned with offsets (groups of 32), 8-bit
+// unsigned with offsets (groups of 16 or 32), 8-bit signed without (Q8_0); scales of one level,
+// or two (K-quants: K a multiple of 256). 1 for anything else.
 template <class Y>
-int glinear_any(const void* x, bool x_bf16, const uint8_t* w, int bits, int is_signed, const float* sc,
-                const float* off, int64_t G, const float* bias, Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
-    if (K % 32 || (G != 16 && G != 32)) return 1;
-    if (bits == 4 && G == 32 && !is_signed) {
-        if (off) glinear<32, true, false, true>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K);
-        else glinear<32, true, false, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K);
-        return 0;
-    }
-    if (bits != 8) return 1;
+int glinear_any(const void* x, bool x_bf16, const uint8_t* w, int bits, int is_signed, const GroupScales& gs,
+                int64_t G, const float* bias, Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    const bool two = gs.scale_super != nullptr, off = gs.offset != nullptr;
+    if (K % 32 || (G != 16 && G != 32) || (two && (K % 256 || (off && !gs.offset_super)))) return 1;
     if (is_signed) {
-        if (off || G != 32) return 1;
-        glinear<32, false, true, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K);
+        if (bits != 8 || off || two || G != 32) return 1;
+        glinear<32, false, true, false, false>(x, x_bf16, w, gs, bias, y, ldy, M, N, K);
         return 0;
     }
-    switch (G * 2 + (off != nullptr)) {
-        case 32: glinear<16, false, false, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
-        case 33: glinear<16, false, false, true>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
-        case 64: glinear<32, false, false, false>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
-        case 65: glinear<32, false, false, true>(x, x_bf16, w, sc, off, bias, y, ldy, M, N, K); return 0;
-        default: return 1;
+    if (!off) return 1;
+    const int key = (bits == 4) * 4 + (G == 16) * 2 + two;
+    switch (key) {
+        case 4: glinear<32, true, false, true, false>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
+        case 5: glinear<32, true, false, true, true>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
+        case 0: glinear<32, false, false, true, false>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
+        case 1: glinear<32, false, false, true, true>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
+        case 2: glinear<16, false, false, true, false>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
+        case 3: glinear<16, false, false, true, true>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
+        default: return 1;  // 4-bit in groups of 16
     }
 }
 
@@ -457,16 +495,16 @@ void linear_i8(const void* x, int x_bf16, const int8_t* w, const float* scale, c
 // y[:, :N] (row stride ldy) = x @ (q * scale (+ offset)).T (+ bias) with x quantized to 8 bits
 // by blocks of 32 (see glinear), groups of G inputs; q [N, K] one value a byte (bits 8, G 16 or
 // 32; is_signed: int8 without offsets) or [N, K / 2] unsigned 4-bit (bits 4, G 32); scale, offset
-// [N, K / G] float32 (offset may be null). Returns 1 for a layout it lacks.
-int linear_grouped(const void* x, int x_bf16, const void* q, int bits, int is_signed, const float* scale,
-                   const float* offset, int64_t G, const float* bias, void* y, int y_bf16, int64_t ldy, int64_t M,
-                   int64_t N, int64_t K) {
+// [N, K / G] float32 (offset may be null), or with scale_super (and offset_super) [N, K / 256]
+// float32, int8 times those (GroupScales). Returns 1 for a layout it lacks.
+int linear_grouped(const void* x, int x_bf16, const void* q, int bits, int is_signed, const void* scale,
+                   const void* offset, const float* scale_super, const float* offset_super, int64_t G,
+                   const float* bias, void* y, int y_bf16, int64_t ldy, int64_t M, int64_t N, int64_t K) {
     const uint8_t* w = static_cast<const uint8_t*>(q);
+    const GroupScales gs{scale, offset, scale_super, offset_super};
     if (y_bf16)
-        return glinear_any(x, x_bf16 != 0, w, bits, is_signed, scale, offset, G, bias, static_cast<uint16_t*>(y), ldy,
-                           M, N, K);
-    return glinear_any(x, x_bf16 != 0, w, bits, is_signed, scale, offset, G, bias, static_cast<float*>(y), ldy, M, N,
-                       K);
+        return glinear_any(x, x_bf16 != 0, w, bits, is_signed, gs, G, bias, static_cast<uint16_t*>(y), ldy, M, N, K);
+    return glinear_any(x, x_bf16 != 0, w, bits, is_signed, gs, G, bias, static_cast<float*>(y), ldy, M, N, K);
 }
 
 // caches in bfloat16 or float32; out float32 or bfloat16 (out_bf16)

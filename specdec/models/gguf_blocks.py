@@ -31,12 +31,25 @@ class Grouped:
     [N, K] (bits 8) or [N, K / 2] holding 4-bit values (bits 4: in each group of 32, byte j holds
     value j in its low nibble and value j + 16 in its high one, the kernel's layout, rows.cpp);
     or int8 [N, K] without offsets (Q8_0). Signed formats are stored shifted, their offset
-    taking the shift back: (q + 16) * d - 16 * d, both products exact in float32."""
+    taking the shift back: (q + 16) * d - 16 * d, both products exact in float32. The K-quants
+    keep their two levels of scales: scale and offset int8 [N, K / group] times scale_super and
+    offset_super float32 [N, K / 256] (Q6_K's offset is its scale times -32 * d: the same int8
+    tensor)."""
     q: torch.Tensor
-    scale: torch.Tensor  # float32 [N, K / group]
-    offset: torch.Tensor | None  # float32 [N, K / group]
+    scale: torch.Tensor  # float32 [N, K / group], or int8 with scale_super
+    offset: torch.Tensor | None  # float32 [N, K / group], or int8 with offset_super
     group: int
     bits: int = 8
+    scale_super: torch.Tensor | None = None
+    offset_super: torch.Tensor | None = None
+
+    def group_scales(self, rows: torch.Tensor | slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Float32 scale and offset per group of the given rows."""
+        def level(t, sup):
+            if t is None or sup is None:
+                return None if t is None else t[rows]
+            return t[rows].to(torch.float32) * sup[rows].repeat_interleave(256 // self.group, dim=-1)
+        return level(self.scale, self.scale_super), level(self.offset, self.offset_super)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -52,13 +65,18 @@ class Grouped:
 
     def dequantized(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
         """Float32 weights of the given rows (all by default)."""
-        scale = self.scale[rows].repeat_interleave(self.group, dim=-1)
-        w = self.values(rows).to(torch.float32) * scale
-        return w if self.offset is None else w + self.offset[rows].repeat_interleave(self.group, dim=-1)
+        scale, offset = self.group_scales(rows)
+        w = self.values(rows).to(torch.float32) * scale.repeat_interleave(self.group, dim=-1)
+        return w if offset is None else w + offset.repeat_interleave(self.group, dim=-1)
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor | None, ...]:
+        return self.q, self.scale, self.offset, self.scale_super, self.offset_super
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.q, self.scale, self.offset) if t is not None)
+        distinct = {t.data_ptr(): t.numel() * t.element_size() for t in self.tensors if t is not None}
+        return sum(distinct.values())
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -87,24 +105,26 @@ def _k_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, m
 
 
-def _unpack(kind: str, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
-    """b [blocks, bytes] -> q [blocks, values], scale [blocks, groups], offset or None, group."""
+def _unpack(kind: str, b: np.ndarray) -> tuple:
+    """b [blocks, bytes] -> q [blocks, values], scale [blocks, groups], offset or None, group,
+    and for the K-quants the super-block's scale and offset factors [blocks] (their scale and
+    offset then int8 sub-block factors), else None, None."""
     if kind == "Q8_0":
-        return b[:, 2:].view(np.int8), _f16(b[:, 0:2])[:, None], None, 32
+        return b[:, 2:].view(np.int8), _f16(b[:, 0:2])[:, None], None, 32, None, None
     if kind in ("Q4_0", "Q4_1"):
         lo, hi = _nibbles(b[:, -16:])
         q = np.concatenate([lo, hi], 1).astype(np.int8)
         if kind == "Q4_0":
-            return q - 8, _f16(b[:, 0:2])[:, None], None, 32
-        return q, _f16(b[:, 0:2])[:, None], _f16(b[:, 2:4])[:, None], 32
+            return q - 8, _f16(b[:, 0:2])[:, None], None, 32, None, None
+        return q, _f16(b[:, 0:2])[:, None], _f16(b[:, 2:4])[:, None], 32, None, None
     if kind in ("Q5_0", "Q5_1"):
         start = 2 if kind == "Q5_0" else 4
         high = _bits(b[:, start:start + 4], 32) << 4
         lo, hi = _nibbles(b[:, start + 4:])
         q = (np.concatenate([lo, hi], 1) | high).astype(np.int8)
         if kind == "Q5_0":
-            return q - 16, _f16(b[:, 0:2])[:, None], None, 32
-        return q, _f16(b[:, 0:2])[:, None], _f16(b[:, 2:4])[:, None], 32
+            return q - 16, _f16(b[:, 0:2])[:, None], None, 32, None, None
+        return q, _f16(b[:, 0:2])[:, None], _f16(b[:, 2:4])[:, None], 32, None, None
     if kind in ("Q4_K", "Q5_K"):
         d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
         sc, m = _k_scales(b[:, 4:16])
@@ -114,8 +134,7 @@ def _unpack(kind: str, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
         if kind == "Q5_K":
             qh = b[:, 16:48]  # bit j of qh[l]: sub-block j's value l
             q = q | (((qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1) << 4)
-        return (q.reshape(-1, 256).astype(np.int8), d[:, None] * sc.astype(np.float32),
-                -(dmin[:, None] * m.astype(np.float32)), 32)
+        return q.reshape(-1, 256).astype(np.int8), sc.astype(np.int8), m.astype(np.int8), 32, d, -dmin
     if kind == "Q6_K":
         ql, qh = b[:, 0:128].reshape(-1, 2, 2, 32), b[:, 128:192].reshape(-1, 2, 1, 32)
         scales, d = b[:, 192:208].view(np.int8), _f16(b[:, 208:210])
@@ -123,7 +142,7 @@ def _unpack(kind: str, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
         shifts = np.array([0, 2, 4, 6], np.uint8)[None, None, :, None]
         high = (qh >> shifts) & 3  # [blocks, half, 4, 32]: values l, l + 32, l + 64, l + 96
         q = np.concatenate([lo, hi], 2) | (high << 4)
-        return (q.reshape(-1, 256).astype(np.int8) - 32, d[:, None] * scales.astype(np.float32), None, 16)
+        return q.reshape(-1, 256).astype(np.int8) - 32, scales.astype(np.int8), None, 16, d, None
     raise SpecdecError(f"GGUF block format {kind} is not supported here (supported: {', '.join(GROUPED_FORMATS)})")
 
 
@@ -140,22 +159,35 @@ def unpack(kind: str, data: np.ndarray, shape: tuple[int, int], rows_per_call: i
     data = np.asarray(data, dtype=np.uint8).reshape(N, K // values * nbytes)
     four_bit = kind in FOUR_BIT_FORMATS
     q = torch.empty(N, K // 2 if four_bit else K, dtype=torch.int8 if kind == "Q8_0" else torch.uint8)
-    scale = offset = None
+    two_level = kind.endswith("_K")
+    fields: dict[str, torch.Tensor | None] = {}
     group = 0
     for start in range(0, N, rows_per_call):
         part = data[start:start + rows_per_call]
         n = part.shape[0]
-        qb, sb, ob, group = _unpack(kind, part.reshape(-1, nbytes))
+        qb, sb, ob, group, ssup, osup = _unpack(kind, part.reshape(-1, nbytes))
         if kind in SHIFTS:  # stored unsigned, the offset taking the shift back
-            qb, ob = (qb.astype(np.int16) + SHIFTS[kind]).astype(np.uint8), -SHIFTS[kind] * sb
+            qb = (qb.astype(np.int16) + SHIFTS[kind]).astype(np.uint8)
+            if two_level:  # Q6_K: offset = scale * (-32 * d), the scale's own int8 factors
+                ob, osup = sb, -SHIFTS[kind] * ssup
+            else:
+                ob = -SHIFTS[kind] * sb
         if four_bit:
             halves = qb.reshape(n, K // 32, 2, 16).astype(np.uint8)
             qb = halves[:, :, 0] | (halves[:, :, 1] << 4)
-        if scale is None:
-            scale = torch.empty(N, K // group, dtype=torch.float32)
-            offset = None if ob is None else torch.empty(N, K // group, dtype=torch.float32)
         q[start:start + n] = torch.from_numpy(np.ascontiguousarray(qb).reshape(n, -1))
-        scale[start:start + n] = torch.from_numpy(np.ascontiguousarray(sb, dtype=np.float32).reshape(n, -1))
-        if offset is not None:
-            offset[start:start + n] = torch.from_numpy(np.ascontiguousarray(ob, dtype=np.float32).reshape(n, -1))
-    return Grouped(q, scale, offset, group, 4 if four_bit else 8)
+        values = {"scale": sb, "offset": ob, "scale_super": ssup, "offset_super": osup}
+        for name, value in values.items():
+            if value is None:
+                fields.setdefault(name, None)
+                continue
+            if name not in fields:
+                dtype = torch.int8 if two_level and name in ("scale", "offset") else torch.float32
+                width = K // 256 if name.endswith("super") else K // group
+                fields[name] = torch.empty(N, width, dtype=dtype)
+            array = np.ascontiguousarray(value, dtype=np.int8 if fields[name].dtype == torch.int8 else np.float32)
+            fields[name][start:start + n] = torch.from_numpy(array.reshape(n, -1))
+    if kind == "Q6_K":
+        fields["offset"] = fields["scale"]  # one tensor, read for both
+    return Grouped(q, fields["scale"], fields["offset"], group, 4 if four_bit else 8, fields["scale_super"],
+                   fields["offset_super"])

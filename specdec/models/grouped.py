@@ -59,7 +59,7 @@ class GroupedLinear(nn.Module):
         out = torch.empty(rows.shape[0], self.out_features, dtype=self.dtype)
         for part, bias, column in zip(self.parts, self.part_biases, self.columns):
             if invariant.linear_grouped(rows, part.q, part.scale, part.offset, part.group, bias, out, column,
-                                        part.bits) is None:
+                                        part.bits, part.scale_super, part.offset_super) is None:
                 n = part.shape[0]
                 out[:, column:column + n] = rows_alone(lambda row, p=part, b=bias: self._dequantized_product(row, p, b),
                                                        rows)
@@ -90,7 +90,7 @@ class GroupedEmbedding(nn.Module):
 
 
 def _register(module: nn.Module, name: str, part: Grouped) -> None:
-    for field in ("q", "scale", "offset"):
+    for field in ("q", "scale", "offset", "scale_super", "offset_super"):
         module.register_buffer(f"{name}_{field}", getattr(part, field), persistent=False)
 
 
@@ -131,9 +131,9 @@ def load_grouped(g: GGUFFile, dtype: torch.dtype) -> LlamaModel:
         part = _grouped(g.path, tensors[name])
         kind = name.split(".")[-2].removeprefix("attn_")
         if g.architecture in PERMUTED_ARCHITECTURES and kind in heads:  # llama.cpp's row order -> HF's
-            part = Grouped(*(None if t is None else unpermute_qk(t, heads[kind]) for t in (part.q, part.scale,
-                                                                                            part.offset)), part.group,
-                           part.bits)
+            q, scale, offset, scale_super, offset_super = (None if t is None else unpermute_qk(t, heads[kind])
+                                                           for t in part.tensors)
+            part = Grouped(q, scale, offset, part.group, part.bits, scale_super, offset_super)
         return part
 
     with torch.device("meta"):
