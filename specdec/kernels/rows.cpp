@@ -150,14 +150,15 @@ void linear_any(const void* x, int x_bf16, const void* w, const float* scale, co
 // llama.cpp does: w[n, k] = q[n, k] * scale[n, g] (+ offset[n, g]) for k in group g = k / G (16 or
 // 32), and each row of x quantized to 8 bits by blocks of 32 (x ~ xq * dx, dx = max|x| / 127, the
 // rounding to nearest even), so that a block's products are integer dot products:
-//   y[m, n] = sum_b (dot(q, xq)_b * scale * dx_b) + sum_g offset_g * dx * sum(xq)_g (+ bias).
+//   y[m, n] = sum_b (dot(q, xq)_b * scale * dx_b) + sum_g offset_g * dx * sum(xq)_g (+ bias);
+// the K-quants (two levels of scales) by blocks of 256 instead, summed in integers (ktile).
 // q is stored unsigned (4-bit: two a byte, byte j of a block holding value j in its low nibble and
 // value j + 16 in its high one; or one a byte), or signed one a byte (SIGNED: Q8_0). A row's
 // quantization and sums depend on that row only, in a fixed order: batch-invariant as above.
 
-struct QuantizedRows {  // x quantized per row and block of 32, with each group's sum of values
+struct QuantizedRows {  // x quantized per row and block of 32 (or 256), with each group's sum of values
     std::vector<int8_t> q;  // [M, K]
-    std::vector<float> d;  // [M, K / 32]
+    std::vector<float> d;  // [M, K / 32] (or K / 256)
     std::vector<float> sums;  // [M, K / G]: dx * sum of the group's quantized values
 };
 
@@ -172,40 +173,42 @@ inline int hsum_i32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-// dx = max|x| / 127 per block of 32; xq = x / dx rounded to nearest even (the default rounding
-// mode of the conversion), in [-127, 127]
+// dx = max|x| / 127 per block of QB (32, or 256 for the K-quants' superblocks, as llama.cpp's
+// Q8_0 and Q8_K); xq = x / dx rounded to nearest even (the default rounding mode of the
+// conversion), in [-127, 127]; sums[g] = dx * sum of group g's xq
+template <int QB>
 inline void quantize_rows(const void* x, bool bf16, int64_t M, int64_t K, int64_t G, QuantizedRows& out) {
-    const int64_t KB = K / 32;
+    const int64_t KB = K / QB;
     out.q.resize(M * K);
     out.d.resize(M * KB);
     out.sums.resize(M * (K / G));
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t m = 0; m < M; ++m)
         for (int64_t b = 0; b < KB; ++b) {
-            const int64_t at = m * K + b * 32;
-            __m256 v[4];
+            const int64_t at = m * K + b * QB;
             __m256 amax = _mm256_setzero_ps();
-            for (int i = 0; i < 4; ++i) {
-                v[i] = load_x8(x, bf16, at + 8 * i);
-                amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-            }
+            for (int i = 0; i < QB / 8; ++i) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, load_x8(x, bf16, at + 8 * i)));
             __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
             h = _mm_max_ps(h, _mm_movehl_ps(h, h));
             h = _mm_max_ss(h, _mm_movehdup_ps(h));
             const float d = _mm_cvtss_f32(h) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
             out.d[m * KB + b] = d;
-            __m256i qi[4];
-            for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
-            // packs interleave 128-bit lanes: the permute puts the 32 values back in order
-            const __m256i p16a = _mm256_packs_epi32(qi[0], qi[1]), p16b = _mm256_packs_epi32(qi[2], qi[3]);
-            const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
-                                                           _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            _mm256_storeu_si256((__m256i*)(out.q.data() + at), p8);
-            const int lo = hsum_i32(_mm256_add_epi32(qi[0], qi[1])), hi = hsum_i32(_mm256_add_epi32(qi[2], qi[3]));
-            if (G == 32) out.sums[m * (K / G) + b] = d * float(lo + hi);
-            else {
-                out.sums[m * (K / G) + 2 * b] = d * float(lo);
-                out.sums[m * (K / G) + 2 * b + 1] = d * float(hi);
+            for (int64_t c = 0; c < QB; c += 32) {
+                __m256i qi[4];
+                for (int i = 0; i < 4; ++i)
+                    qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(load_x8(x, bf16, at + c + 8 * i), _mm256_set1_ps(id)));
+                // packs interleave 128-bit lanes: the permute puts the 32 values back in order
+                const __m256i p16a = _mm256_packs_epi32(qi[0], qi[1]), p16b = _mm256_packs_epi32(qi[2], qi[3]);
+                const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
+                                                               _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_storeu_si256((__m256i*)(out.q.data() + at + c), p8);
+                const int lo = hsum_i32(_mm256_add_epi32(qi[0], qi[1])), hi = hsum_i32(_mm256_add_epi32(qi[2], qi[3]));
+                const int64_t g = (at + c) / G;  // the first group of these 32 values (rows of K / G groups)
+                if (G == 32) out.sums[g] = d * float(lo + hi);
+                else {
+                    out.sums[g] = d * float(lo);
+                    out.sums[g + 1] = d * float(hi);
+                }
             }
         }
 }
@@ -236,9 +239,9 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {  // fixed orde
     return s;
 }
 
-// A group's scale and offset: float32 per group (one level), or (TWO) an int8 per group times a
-// float32 per 256 inputs, the K-quants' own two levels (d * sc, -dmin * m: products exact in
-// float32, so both give the same values; two levels read 1-2 bytes a group instead of 4-8).
+// A group's scale and offset: float32 per group (one level: qtile), or (TWO) an int8 per group
+// times a float32 per 256 inputs, the K-quants' own two levels (d * sc, -dmin * m), which ktile
+// reads (1-2 bytes a group instead of 4-8).
 struct GroupScales {
     const void* scale;
     const void* offset;  // null: no offsets
@@ -246,18 +249,9 @@ struct GroupScales {
     const float* offset_super;
 };
 
-template <int G, bool TWO>
-inline float group_scale(const void* sc, const float* sup, int64_t g) {
-    if (TWO) return sup[g / (256 / G)] * float(static_cast<const int8_t*>(sc)[g]);
-    return static_cast<const float*>(sc)[g];
-}
-
-// sum over a row's groups of offset * sums, 8 lanes in a fixed order (the offsets' values are
-// the same one or two levels give, so are the bits)
-template <int G, bool TWO>
-inline float offset_dot(const void* off, const float* sup, const float* sums, int64_t KG) {
-    if (!TWO) return dot_f32(static_cast<const float*>(off), sums, KG);
-    const int8_t* o = static_cast<const int8_t*>(off);
+// sum over a row's groups of offset * sums (two levels), 8 lanes in a fixed order
+template <int G>
+inline float offset_dot_two(const int8_t* o, const float* sup, const float* sums, int64_t KG) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < KG; i += 8) {  // KG is a multiple of 256 / G, itself of 8
         const __m256 ov = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(o + i)))),
@@ -267,15 +261,12 @@ inline float offset_dot(const void* off, const float* sup, const float* sums, in
     return hsum(acc);
 }
 
-template <int G, bool NIB, bool SIGNED, bool OFF, bool TWO, int R, int C, class Y>
+template <int G, bool NIB, bool SIGNED, bool OFF, int R, int C, class Y>
 inline void qtile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t ldw, const GroupScales& gs,
                   int64_t n, int64_t K, Y* y, int64_t ldy, const float* bias) {
-    const int64_t KB = K / 32, KG = K / G, KS = K / 256, BB = NIB ? 16 : 32;  // bytes of a block of 32
-    const int64_t SB = TWO ? 1 : 4;  // bytes of a group's scale
-    const char* sc = static_cast<const char*>(gs.scale) + n * KG * SB;
-    const char* off = OFF ? static_cast<const char*>(gs.offset) + n * KG * SB : nullptr;
-    const float* ssup = TWO ? gs.scale_super + n * KS : nullptr;
-    const float* osup = TWO && OFF ? gs.offset_super + n * KS : nullptr;
+    const int64_t KB = K / 32, KG = K / G, BB = NIB ? 16 : 32;  // bytes of a block of 32
+    const float* sc = static_cast<const float*>(gs.scale) + n * KG;
+    const float* off = OFF ? static_cast<const float*>(gs.offset) + n * KG : nullptr;
     __m256 acc[R][C];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
@@ -286,11 +277,8 @@ inline void qtile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t
         __m256 sv[C];
         for (int c = 0; c < C; ++c) {
             wv[c] = load_block<NIB>(w + c * ldw + b * BB);
-            const void* scc = sc + c * KG * SB;
-            const float* supc = TWO ? ssup + c * KS : nullptr;
-            sv[c] = G == 32 ? _mm256_set1_ps(group_scale<G, TWO>(scc, supc, b))
-                            : _mm256_set_m128(_mm_set1_ps(group_scale<G, TWO>(scc, supc, 2 * b + 1)),
-                                              _mm_set1_ps(group_scale<G, TWO>(scc, supc, 2 * b)));
+            const float* scc = sc + c * KG;
+            sv[c] = G == 32 ? _mm256_set1_ps(scc[b]) : _mm256_set_m128(_mm_set1_ps(scc[2 * b + 1]), _mm_set1_ps(scc[2 * b]));
         }
         for (int r = 0; r < R; ++r) {
             const __m256i xv = _mm256_loadu_si256((const __m256i*)(xr.q.data() + (m0 + r) * K + b * 32));
@@ -303,8 +291,76 @@ inline void qtile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t
         for (int c = 0; c < C; ++c) {
             float v = hsum(acc[r][c]);
             if (OFF)
-                v += offset_dot<G, TWO>(off + c * KG * SB, TWO ? osup + c * KS : nullptr,
-                                        xr.sums.data() + (m0 + r) * KG, KG);
+                v += dot_f32(off + c * KG, xr.sums.data() + (m0 + r) * KG, KG);
+            if (bias) v += bias[n + c];
+            store(y + r * ldy + c, v);
+        }
+}
+
+// The K-quants (TWO): x quantized per superblock of 256, so a superblock's products are summed
+// in integers, each block's pair sums weighted by its groups' int8 scales (madd_epi16), and
+// enter float32 once per superblock times scale_super * dx, as llama.cpp's K-quant dot products
+// do. Exact integers: values below 64 (Q4_K, Q5_K, Q6_K) keep a pair of products within int16,
+// and 8 blocks' weighted sums within int32.
+
+// the 256 / G int8 scales of a superblock as int16, arranged for block_scales: G = 32, the 8 in
+// each 128-bit lane; G = 16, the even groups' in the low lane and the odd ones' in the high lane
+template <int G>
+inline __m256i superblock_scales(const int8_t* sc) {
+    if (G == 32) return _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)sc)));
+    const __m128i split = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)sc),
+                                           _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+    return _mm256_cvtepi8_epi16(split);
+}
+
+// block j's scales over its 16 pair sums: G = 32, scale j everywhere; G = 16, group 2j's for the
+// low 8 (values 0-15), group 2j + 1's for the high 8
+inline __m256i block_scales(__m256i s, int j) {
+    return _mm256_shuffle_epi8(s, _mm256_set1_epi16(int16_t((2 * j) | ((2 * j + 1) << 8))));
+}
+
+template <int G, bool NIB, bool OFF, int R, int C, class Y>
+inline void ktile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t ldw, const GroupScales& gs,
+                  int64_t n, int64_t K, Y* y, int64_t ldy, const float* bias) {
+    const int64_t KG = K / G, KS = K / 256, BB = NIB ? 16 : 32;  // bytes of a block of 32
+    const int8_t* sc = static_cast<const int8_t*>(gs.scale) + n * KG;
+    const int8_t* off = OFF ? static_cast<const int8_t*>(gs.offset) + n * KG : nullptr;
+    const float* ssup = gs.scale_super + n * KS;
+    const float* osup = OFF ? gs.offset_super + n * KS : nullptr;
+    __m256 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < KS; ++s) {
+        __m256i scales[C], isum[R][C];
+        for (int c = 0; c < C; ++c) scales[c] = superblock_scales<G>(sc + c * KG + s * (256 / G));
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) isum[r][c] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+            const int64_t b = s * 8 + j;
+            if ((b * BB) % 64 == 0)  // the next tile's rows, a tile ahead: short rows defeat the hardware prefetcher
+                for (int c = 0; c < C; ++c) _mm_prefetch((const char*)(w + (c + C) * ldw + b * BB), _MM_HINT_T0);
+            __m256i wv[C], sv[C];
+            for (int c = 0; c < C; ++c) {
+                wv[c] = load_block<NIB>(w + c * ldw + b * BB);
+                sv[c] = block_scales(scales[c], j);
+            }
+            for (int r = 0; r < R; ++r) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i*)(xr.q.data() + (m0 + r) * K + b * 32));
+                for (int c = 0; c < C; ++c)
+                    isum[r][c] = _mm256_add_epi32(isum[r][c], _mm256_madd_epi16(_mm256_maddubs_epi16(wv[c], xv), sv[c]));
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            const float dx = xr.d[(m0 + r) * KS + s];
+            for (int c = 0; c < C; ++c)
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][c]), _mm256_set1_ps(ssup[c * KS + s] * dx),
+                                            acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) {
+            float v = hsum(acc[r][c]);
+            if (OFF) v += offset_dot_two<G>(off + c * KG, osup + c * KS, xr.sums.data() + (m0 + r) * KG, KG);
             if (bias) v += bias[n + c];
             store(y + r * ldy + c, v);
         }
@@ -316,9 +372,14 @@ inline void qrows_block(const QuantizedRows& xr, int64_t m0, const uint8_t* w, c
     constexpr int C = R == 1 ? 4 : R == 2 ? 3 : 2;  // R x C accumulators beside the blocks and scales
     const int64_t ldw = NIB ? K / 2 : K;
     int64_t n = n0;
+    if constexpr (TWO) {
+        for (; n + C <= n1; n += C) ktile<G, NIB, OFF, R, C>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
+        for (; n < n1; ++n) ktile<G, NIB, OFF, R, 1>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
+        return;
+    }
     for (; n + C <= n1; n += C)
-        qtile<G, NIB, SIGNED, OFF, TWO, R, C>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
-    for (; n < n1; ++n) qtile<G, NIB, SIGNED, OFF, TWO, R, 1>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
+        qtile<G, NIB, SIGNED, OFF, R, C>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
+    for (; n < n1; ++n) qtile<G, NIB, SIGNED, OFF, R, 1>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
 }
 
 // x [M, K] (float32 or bfloat16), y rows of stride ldy (a fused projection's part writes its
@@ -327,7 +388,8 @@ template <int G, bool NIB, bool SIGNED, bool OFF, bool TWO, class Y>
 void glinear(const void* x, bool x_bf16, const uint8_t* w, const GroupScales& gs, const float* bias, Y* y,
              int64_t ldy, int64_t M, int64_t N, int64_t K) {
     QuantizedRows xr;
-    quantize_rows(x, x_bf16, M, K, G, xr);
+    if (TWO) quantize_rows<256>(x, x_bf16, M, K, G, xr);
+    else quantize_rows<32>(x, x_bf16, M, K, G, xr);
     const int64_t blocks = (N + NB - 1) / NB;
     #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
@@ -476,7 +538,7 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
 
 extern "C" {
 
-int specdec_kernels_version() { return 3; }
+int specdec_kernels_version() { return 4; }
 
 // y = x @ w.T (times scale, plus bias: both optional, float32 [N]); x and y float32 or bfloat16
 void linear_bf16(const void* x, int x_bf16, const uint16_t* w, const float* bias, void* y, int y_bf16,
