@@ -15,7 +15,7 @@ from specdec import bundled
 from specdec.errors import SpecdecError
 from specdec.kernels import build, invariant
 from specdec.models.checkpoint import load_native, open_model
-from specdec.models.gguf_blocks import BLOCK_SIZES, FOUR_BIT_FORMATS, unpack
+from specdec.models.gguf_blocks import BLOCK_SIZES, FOUR_BIT_FORMATS, requantized_4bit, unpack
 from specdec.models.grouped import GroupedLinear, load_grouped
 
 gguf = pytest.importorskip("gguf")
@@ -86,6 +86,24 @@ def test_grouped_products_are_the_quantized_dot_products_and_row_invariant(kind)
         assert g.scale.dtype == torch.int8 and g.nbytes / (45 * 512) <= g.bits / 8 + 0.1
 
 
+@pytest.mark.parametrize("kind,cols", [("Q5_0", 512), ("Q8_0", 96), ("Q6_K", 512)])
+def test_a_draft_rounded_to_4_bits_is_within_half_a_step_of_its_weights(kind, cols):
+    g = unpack(kind, random_blocks(kind, 40, cols, seed=2), (40, cols))
+    small = requantized_4bit(g)
+    assert small.bits == 4 and small.shape == g.shape and small.nbytes < 0.7 * g.nbytes
+    assert (small.scale_super is not None) == (cols % 256 == 0)  # two levels of scales where K allows
+    w, w4 = g.dequantized().reshape(40, -1, 32), small.dequantized().reshape(40, -1, 32)
+    step = small.group_scales()[0].abs()  # each group's stored step
+    err = (w - w4).abs().amax(-1)
+    assert bool((err <= step / 2 * (1 + 1e-4) + 1e-7).all())
+    if build.load() is not None:  # and the kernel multiplies it like any 4-bit format
+        x = torch.randn(3, cols, generator=torch.Generator().manual_seed(0))
+        block = 256 if small.scale_super is not None else 32
+        reference = F.linear(quantized_activations(x, block), small.dequantized().double())
+        scale = float(reference.abs().max())
+        assert torch.allclose(product(small, x).double(), reference, rtol=1e-5, atol=1e-5 * scale)
+
+
 def test_a_fused_projection_without_kernels_gives_close_values(monkeypatch):
     parts = [unpack(kind, random_blocks(kind, n, 256, seed=n), (n, 256)) for kind, n in (("Q4_K", 40), ("Q6_K", 24))]
     bias = torch.randn(64)
@@ -138,6 +156,10 @@ def test_greedy_speculation_on_gguf_blocks_is_identical_to_plain(tiny_quantized,
     plain = specdec.load(target=str(tiny_quantized), quantize="gguf", dtype="bfloat16")
     spec = specdec.load(target=str(tiny_quantized), quantize="gguf", dtype="bfloat16", method=method,
                         draft=str(tiny_quantized) if method == "draft" else None, draft_tokens=4)
+    if method == "draft":  # the draft's projections rounded to 4 bits by default
+        modules = spec.engine.proposer.runner.model.modules()
+        parts = [p for m in modules if isinstance(m, GroupedLinear) for p in m.parts]
+        assert parts and all(p.bits == 4 for p in parts)
     for prompt in prompts:
         want = plain.generate(prompt, max_new_tokens=24, temperature=0).token_ids
         assert spec.generate(prompt, max_new_tokens=24, temperature=0).token_ids == want

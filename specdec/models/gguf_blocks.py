@@ -191,3 +191,42 @@ def unpack(kind: str, data: np.ndarray, shape: tuple[int, int], rows_per_call: i
         fields["offset"] = fields["scale"]  # one tensor, read for both
     return Grouped(q, fields["scale"], fields["offset"], group, 4 if four_bit else 8, fields["scale_super"],
                    fields["offset_super"])
+
+
+def requantized_4bit(g: Grouped, rows_per_call: int = 4096) -> Grouped:
+    """g's weights rounded to 4 bits by groups of 32, with a scale and an offset a group: two levels
+    of them where K is a multiple of 256 (int8 a group times float32 per 256 inputs, as Q4_K:
+    ~0.59 bytes a weight), else float32 ones (as Q4_1 with wider scales: 0.75), against 1.25 for
+    a one-value-a-byte format (Q5_0, Q8_0) unpacked here. For a draft model, whose rounding only
+    moves its proposals: verification keeps the output exact."""
+    N, K = g.shape
+    if K % 32:
+        raise ValueError("4-bit groups of 32 need K a multiple of 32")
+    two = K % 256 == 0
+    q = torch.empty(N, K // 2, dtype=torch.uint8)
+    scale = torch.empty(N, K // 32, dtype=torch.int8 if two else torch.float32)
+    offset = torch.empty_like(scale)
+    scale_super, offset_super = (torch.empty(N, K // 256), torch.empty(N, K // 256)) if two else (None, None)
+    for start in range(0, N, rows_per_call):
+        rows = slice(start, min(N, start + rows_per_call))
+        w = g.dequantized(rows).reshape(-1, K // 32, 32)
+        low, high = w.amin(-1), w.amax(-1)  # [n, K / 32]
+        d, m = (high - low) / 15, low
+        if two:  # int8 factors of a float32 per superblock, the offset rounded down and the step
+            # up, so that the 16 levels still span the group: every weight within half a step
+            supers = (-1, K // 256, 8)
+            osup = low.reshape(supers).abs().amax(-1, keepdim=True) / 127
+            of = torch.where(osup > 0, low.reshape(supers) / osup, 0).floor().clamp(-127, 127)
+            m = (of * osup).reshape(low.shape)
+            d = (high - m) / 15
+            ssup = d.reshape(supers).amax(-1, keepdim=True) / 127
+            sc = torch.where(ssup > 0, d.reshape(supers) / ssup, 0).ceil().clamp(0, 127)
+            d = (sc * ssup).reshape(d.shape)
+            scale[rows], offset[rows] = sc.to(torch.int8).reshape(d.shape), of.to(torch.int8).reshape(m.shape)
+            scale_super[rows], offset_super[rows] = ssup[..., 0], osup[..., 0]
+        else:
+            scale[rows], offset[rows] = d, m
+        values = torch.where(d[..., None] > 0, (w - m[..., None]) / d[..., None], 0).round().clamp(0, 15)
+        halves = values.to(torch.uint8).reshape(-1, K // 32, 2, 16)
+        q[rows] = (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(-1, K // 2)
+    return Grouped(q, scale, offset, 32, 4, scale_super, offset_super)

@@ -21,7 +21,7 @@ from specdec.kernels import invariant
 from specdec.models.config import ModelConfig
 from specdec.models.exact import rows_alone
 from specdec.models.gguf import PERMUTED_ARCHITECTURES, GGUFFile, hf_config, unpermute_qk
-from specdec.models.gguf_blocks import GROUPED_FORMATS, Grouped, unpack
+from specdec.models.gguf_blocks import GROUPED_FORMATS, Grouped, requantized_4bit, unpack
 from specdec.models.llama import LlamaModel, RopeTable, rope_inv_freq
 
 FLOAT_FORMATS = ("F32", "F16", "BF16")
@@ -73,6 +73,21 @@ class GroupedLinear(nn.Module):
     @property
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
+
+
+def requantize_to_4bit(model: nn.Module) -> int:
+    """Every projection part stored a value a byte (Q5_0, Q8_0, Q6_K...) rounded to 4 bits
+    (gguf_blocks.requantized_4bit), in place; for a draft model. Returns the bytes saved."""
+    saved = 0
+    for module in model.modules():
+        if isinstance(module, GroupedLinear):
+            for i, part in enumerate(module.parts):
+                if part.bits == 8 and part.shape[1] % 32 == 0:
+                    smaller = requantized_4bit(part)
+                    saved += part.nbytes - smaller.nbytes
+                    module.parts[i] = smaller
+                    _register(module, f"part{i}", smaller)
+    return saved
 
 
 class GroupedEmbedding(nn.Module):
