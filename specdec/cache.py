@@ -34,6 +34,11 @@ class KVCache:
     def advance(self, n: int) -> None:
         self.length += n
 
+    def layout(self) -> tuple[list[torch.Tensor], list[torch.Tensor], int] | None:
+        """The per-layer buffers and where the sequence starts in them (elements), for kernels
+        that write the cache themselves; None for a cache of several sequences."""
+        return (self.keys, self.values, 0) if self.keys[0].shape[0] == 1 else None
+
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back to {length} (cache holds {self.length})")
@@ -132,6 +137,9 @@ class SlotCache:
         keys[b:b + 1, :, start:end] = k
         values[b:b + 1, :, start:end] = v
         return keys[b:b + 1, :, :end], values[b:b + 1, :, :end]
+
+    def layout(self) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+        return self.batch.keys, self.batch.values, self.b * self.batch.keys[0].stride(0)
 
     def advance(self, n: int) -> None:
         self.batch.lengths[self.b] += n

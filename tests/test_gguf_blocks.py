@@ -150,6 +150,50 @@ def test_a_gguf_model_on_its_blocks_matches_the_dequantized_model(tiny_quantized
         assert float((got.argmax(-1) == want.argmax(-1)).float().mean()) > 0.9
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_one_call_stack_is_the_layers_rows_and_each_row_alone(tiny_quantized, dtype):
+    """The layers in one kernel call (grouped_stack.py): close to the PyTorch layers (they round
+    elementwise steps differently), and every row of a chain, a tree or a batched pass has
+    exactly the bits of that row in a 1-token pass."""
+    if build.load() is None:
+        pytest.skip(f"the kernels are unavailable here: {build.unavailable()}")
+    runner = specdec.api.load_runner(str(tiny_quantized), dtype, quantize="gguf")
+    model, stack = runner.model, runner.model.stack
+    assert stack is not None
+    ids = torch.randint(0, 250, (30,), generator=torch.Generator().manual_seed(1)).tolist()
+
+    def logits(with_stack):
+        model.stack = stack if with_stack else None
+        runner.reset()
+        return torch.cat([runner.extend(ids[:20]), runner.extend(ids[20:26])]).float()
+
+    got, want = logits(True), logits(False)
+    model.stack = stack
+    assert float((got - want).abs().mean()) < 0.05 * float(want.abs().mean())
+    assert float((got.argmax(-1) == want.argmax(-1)).float().mean()) > 0.9
+    runner.reset()
+    runner.extend(ids[:20])
+    chain = runner.extend(ids[20:24])
+    runner.rollback(20)
+    alone = torch.cat([runner.extend([t]) for t in ids[20:24]])
+    assert torch.equal(chain, alone)
+    runner.rollback(20)  # a tree: root, two children of it, a grandchild under the second
+    mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    tree = runner.extend([ids[20], ids[21], 7, 9], attn_mask=mask, positions=torch.tensor([20, 21, 21, 22]))
+    assert torch.equal(tree[:2], alone[:2])
+    runner.rollback(21)
+    assert torch.equal(tree[2:], torch.cat([runner.extend([7]), runner.extend([9])]))
+    from specdec.models.batch import BatchRunner
+
+    batch = BatchRunner(model, 3, 64)
+    for slot, n in enumerate((20, 5, 12)):
+        batch.extend_slot(slot, ids[:n])
+    rows = batch.extend([ids[20:24], ids[5:6], ids[12:14]])
+    assert torch.equal(rows[0], alone)
+    runner.reset()
+    assert torch.equal(rows[2], runner.extend(ids[:14])[12:])
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_greedy_speculation_on_gguf_blocks_is_identical_to_plain(tiny_quantized, method):
     prompts = ["def add(a, b):\n    return", "import os\nimport sys\n\nclass Config:"]

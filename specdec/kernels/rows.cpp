@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -534,11 +535,128 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
     }
 }
 
+
+// A whole decoder stack (llama / qwen2 layers on grouped weights) for the M rows of one pass, in
+// one call: the same steps as models/llama.py's layers, with every elementwise step computed in
+// float32 and rounded once to the model dtype Y, each row on its own (norm, rope, silu) or by the
+// invariant kernels above (products, attention). So a row's bits depend on that row and its keys
+// only: exact mode by construction, with none of the ~90 framework calls a layer otherwise costs.
+
+struct Part {  // one GGUF tensor's unpacked blocks (models/gguf_blocks.py Grouped)
+    const void* q;
+    const void* scale;
+    const void* offset;
+    const float* scale_super;
+    const float* offset_super;
+    const float* bias;  // float32 [rows] or null
+    int64_t rows, bits, is_signed, group;
+};
+struct Projection {  // parts side by side in the output (a fused q/k/v or gate/up)
+    Part parts[3];
+    int64_t count, out;
+};
+struct Layer {
+    Projection qkv, o, gate_up, down;
+    const float* norm_in;  // the norms' weights (model dtype values, in float32)
+    const float* norm_post;
+};
+struct Dims {
+    int64_t hidden, heads, kv_heads, head_dim, intermediate;
+    int64_t pos_stride, head_stride;  // a cache position's and a kv head's stride in elements
+    float eps;
+};
+
+inline float rounded(float v, float*) { return v; }
+inline float rounded(float v, uint16_t*) {
+    uint16_t b;
+    store(&b, v);
+    return Bf16::one(&b);
+}
+template <class Y> inline float value(const Y* p) { return float(*p); }
+template <> inline float value(const uint16_t* p) { return Bf16::one(p); }
+
+template <class Y>
+int project(const Projection& p, const Y* x, int64_t M, int64_t K, Y* y) {
+    int64_t column = 0;
+    for (int64_t i = 0; i < p.count; ++i) {
+        const Part& part = p.parts[i];
+        const GroupScales gs{part.scale, part.offset, part.scale_super, part.offset_super};
+        if (glinear_any(x, std::is_same<Y, uint16_t>::value, static_cast<const uint8_t*>(part.q), int(part.bits),
+                        int(part.is_signed), gs, part.group, part.bias, y + column, p.out, M, part.rows, K))
+            return 1;
+        column += part.rows;
+    }
+    return 0;
+}
+
+// out = weight * (x / rms(x)), the normalized value rounded before the weight as Hugging Face's
+// RMSNorm does, then the product rounded
+template <class Y>
+void rms_norm(const Y* x, const float* weight, int64_t M, int64_t H, float eps, Y* out) {
+    std::vector<float> row(H);
+    for (int64_t m = 0; m < M; ++m) {
+        for (int64_t i = 0; i < H; ++i) row[i] = value(x + m * H + i);
+        const float inv = 1.0f / sqrtf(dot_f32(row.data(), row.data(), H) / float(H) + eps);
+        for (int64_t i = 0; i < H; ++i) store(out + m * H + i, rounded(row[i] * inv, out) * weight[i]);
+    }
+}
+
+// x * cos + rotate_half(x) * sin over one head, cos and sin float32 [hd] (sin's first half negated)
+template <class Y>
+inline void rope_head(const Y* x, const float* cos, const float* sin, int64_t hd, float* out) {
+    const int64_t half = hd / 2;
+    for (int64_t d = 0; d < hd; ++d) {
+        const float rotated = value(x + (d < half ? d + half : d - half));
+        out[d] = rounded(fmaf(value(x + d), cos[d], rotated * sin[d]), static_cast<Y*>(nullptr));
+    }
+}
+
+template <class Y>
+int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const float* cos, const float* sin,
+          Y* const* keys, Y* const* values, const int64_t* base, const int64_t* write, const int64_t* count,
+          const int64_t* start, const int64_t* index) {
+    using W = typename std::conditional<std::is_same<Y, uint16_t>::value, Bf16, F32>::type;
+    const int64_t H = s.hidden, hd = s.head_dim, nh = s.heads, nkv = s.kv_heads, I = s.intermediate;
+    const int64_t QKV = (nh + 2 * nkv) * hd;
+    std::vector<Y> h(M * H), qkv(M * QKV), att(M * nh * hd), o(M * H), gu(M * 2 * I), act(M * I);
+    std::vector<float> q(M * nh * hd), rotated(hd);
+    for (int64_t l = 0; l < L; ++l) {
+        const Layer& layer = layers[l];
+        rms_norm(x, layer.norm_in, M, H, s.eps, h.data());
+        if (project(layer.qkv, h.data(), M, H, qkv.data())) return 1;
+        for (int64_t m = 0; m < M; ++m) {
+            const Y* row = qkv.data() + m * QKV;
+            for (int64_t g = 0; g < nh; ++g) rope_head(row + g * hd, cos + m * hd, sin + m * hd, hd, q.data() + (m * nh + g) * hd);
+            for (int64_t g = 0; g < nkv; ++g) {
+                const int64_t at = base[m] + g * s.head_stride + write[m] * s.pos_stride;
+                rope_head(row + (nh + g) * hd, cos + m * hd, sin + m * hd, hd, rotated.data());
+                for (int64_t d = 0; d < hd; ++d) store(keys[l] + at + d, rotated[d]);
+                memcpy(values[l] + at, row + (nh + nkv + g) * hd, hd * sizeof(Y));
+            }
+        }
+        attend<W>(q.data(), keys[l], values[l], base, count, start, index, att.data(), M, nh, nkv, hd, s.pos_stride,
+                  s.head_stride, 1.0f / sqrtf(float(hd)));
+        if (project(layer.o, att.data(), M, nh * hd, o.data())) return 1;
+        for (int64_t i = 0; i < M * H; ++i) store(x + i, value(x + i) + value(o.data() + i));
+        rms_norm(x, layer.norm_post, M, H, s.eps, h.data());
+        if (project(layer.gate_up, h.data(), M, H, gu.data())) return 1;
+        #pragma omp parallel for schedule(static) if (M * I >= 16384)
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t i = 0; i < I; ++i) {
+                const float g = value(gu.data() + m * 2 * I + i), u = value(gu.data() + m * 2 * I + I + i);
+                store(act.data() + m * I + i, g / (1.0f + expf(-g)) * u);
+            }
+        if (project(layer.down, act.data(), M, I, o.data())) return 1;
+        for (int64_t i = 0; i < M * H; ++i) store(x + i, value(x + i) + value(o.data() + i));
+    }
+    return 0;
+}
+
 }  // namespace
 
 extern "C" {
 
-int specdec_kernels_version() { return 4; }
+int specdec_kernels_version() { return 5; }
 
 // y = x @ w.T (times scale, plus bias: both optional, float32 [N]); x and y float32 or bfloat16
 void linear_bf16(const void* x, int x_bf16, const uint16_t* w, const float* bias, void* y, int y_bf16,
@@ -583,5 +701,20 @@ int linear_grouped(const void* x, int x_bf16, const void* q, int bits, int is_si
     }
 ATTEND(attend_bf16, Bf16, uint16_t)
 ATTEND(attend_f32, F32, float)
+
+// decoder layers [0, L) over x [M, hidden] (the residual stream, float32 or bfloat16 as the
+// caches, updated in place); cos and sin [M, head_dim] float32 (sin's first half negated);
+// row m writes its key and value at cache position write[m] of the sequence at base[m] and
+// attends as attend() does (count, start, index). 1 if a weight layout is missing (see
+// glinear_any): then x and the caches hold partial results.
+int stack_forward(const Layer* layers, int64_t L, const Dims* dims, void* x, int x_bf16, int64_t M,
+                  const float* cos, const float* sin, void* const* keys, void* const* values, const int64_t* base,
+                  const int64_t* write, const int64_t* count, const int64_t* start, const int64_t* index) {
+    if (x_bf16)
+        return stack(layers, L, *dims, static_cast<uint16_t*>(x), M, cos, sin, reinterpret_cast<uint16_t* const*>(keys),
+                     reinterpret_cast<uint16_t* const*>(values), base, write, count, start, index);
+    return stack(layers, L, *dims, static_cast<float*>(x), M, cos, sin, reinterpret_cast<float* const*>(keys),
+                 reinterpret_cast<float* const*>(values), base, write, count, start, index);
+}
 
 }  // extern "C"

@@ -88,6 +88,13 @@ def batch_forward(model: LlamaModel, ids: list[list[int]], cache: BatchKVCache,
     end = cache.begin_pass(widths)
     slot, row, pos = cache.pass_rows()
     flat = torch.tensor([token for r in ids for token in r], dtype=torch.long, device=device)
+    if model.stack is not None:  # GGUF blocks: every row exact, all layers in one kernel call (grouped_stack.py)
+        write = pos.tolist()
+        base = [b * cache.keys[0].stride(0) for b in slot.tolist()]
+        x = model.stack(model.model.embed_tokens(flat), pos, model.rope, cache.keys, cache.values, base, write,
+                        [p + 1 for p in write])
+        cache.end_pass(widths)
+        return project(model.lm_head, model.model.norm(x), True)
     cos, sin = model.rope(pos[None], model.dtype, device)
     any_exact = exact is not None and any(exact)
     mask = None  # only slots outside exact mode attend with it

@@ -17,11 +17,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from specdec.errors import SpecdecError
-from specdec.kernels import invariant
+from specdec.kernels import build, invariant
 from specdec.models.config import ModelConfig
 from specdec.models.exact import rows_alone
 from specdec.models.gguf import PERMUTED_ARCHITECTURES, GGUFFile, hf_config, unpermute_qk
 from specdec.models.gguf_blocks import GROUPED_FORMATS, Grouped, requantized_4bit, unpack
+from specdec.models.grouped_stack import MAX_PARTS, GroupedStack, kernel_takes
 from specdec.models.llama import LlamaModel, RopeTable, rope_inv_freq
 
 FLOAT_FORMATS = ("F32", "F16", "BF16")
@@ -87,7 +88,24 @@ def requantize_to_4bit(model: nn.Module) -> int:
                     saved += part.nbytes - smaller.nbytes
                     module.parts[i] = smaller
                     _register(module, f"part{i}", smaller)
+    if isinstance(model, LlamaModel) and model.stack is not None:  # it holds the old parts' addresses
+        model.stack = grouped_stack(model)
     return saved
+
+
+def grouped_stack(model) -> GroupedStack | None:
+    """The one-call stack for a model on GGUF blocks, or None where it does not apply (the
+    kernels unavailable, another dtype, a projection the kernels cannot multiply)."""
+    lib = build.load()
+    if lib is None or model.dtype not in (torch.bfloat16, torch.float32) or model.device.type != "cpu":
+        return None
+    for layer in model.model.layers:
+        linears = (layer.self_attn.qkv, layer.self_attn.o_proj, layer.mlp.gate_up, layer.mlp.down_proj)
+        if not all(isinstance(lin, GroupedLinear) and len(lin.parts) <= MAX_PARTS for lin in linears):
+            return None
+        if not all(kernel_takes(part) for lin in linears for part in lin.parts):
+            return None
+    return GroupedStack(model, lib)
 
 
 class GroupedEmbedding(nn.Module):
@@ -175,4 +193,5 @@ def load_grouped(g: GGUFFile, dtype: torch.dtype) -> LlamaModel:
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise SpecdecError(f"GGUF {str(g.path)!r} lacks tensors for {left[:5]}")
+    model.stack = grouped_stack(model)
     return model.eval()

@@ -265,6 +265,7 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope = RopeTable(rope_inv_freq(config))
         self.compiled: Callable | None = None  # set by compile_forward()
+        self.stack: Callable | None = None  # models on GGUF blocks: all layers in one kernel call (grouped_stack.py)
         self.apply(self._init_weights)
         for layer in self.model.layers:  # GPT-2 style: residual projections scaled by depth
             for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
@@ -350,6 +351,8 @@ class LlamaModel(nn.Module):
         """The final-norm hidden states, eagerly. exact: every row's attention is computed as a
         1-token pass would (see exact.attend_rows), so that each row's output does not depend
         on how many rows the pass holds."""
+        if self.stack is not None and cache is not None and ids.shape[0] == 1 and cache.layout() is not None:
+            return self._stack_states(ids, positions, cache, attn_mask)
         cos, sin, mask, row_keys = self._pass_inputs(ids, positions, cache, attn_mask, exact)
         x = self.model.embed_tokens(ids)
         for i, layer in enumerate(self.model.layers):
@@ -357,6 +360,24 @@ class LlamaModel(nn.Module):
         if cache is not None:
             cache.advance(ids.shape[1])
         return self.model.norm(x)
+
+    def _stack_states(self, ids: torch.Tensor, positions: torch.Tensor | None, cache: KVCache,
+                      attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """hidden_states through the one-call stack: every row as exact mode computes it, always."""
+        T, past = ids.shape[1], cache.length
+        if past + T > cache.max_len:
+            raise ValueError(f"KV cache overflow: {past + T} positions > capacity {cache.max_len}")
+        positions = torch.arange(past, past + T) if positions is None else positions.reshape(-1)
+        write = list(range(past, past + T))
+        count, lists = [w + 1 for w in write], None
+        if attn_mask is not None:  # a tree: each row sees the cache and its ancestors
+            lists = TreeRows(past, attn_mask.to(torch.bool)).key_lists
+            count = lists.lengths
+        keys, values, base = cache.layout()
+        x = self.stack(self.model.embed_tokens(ids)[0], positions, self.rope, keys, values, [base] * T, write, count,
+                       lists)
+        cache.advance(T)
+        return self.model.norm(x)[None]
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: KVCache | None = None, attn_mask: torch.Tensor | None = None,

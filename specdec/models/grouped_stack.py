@@ -1,0 +1,127 @@
+"""A GGUF-grouped model's decoder layers in one kernel call a pass (rows.cpp `stack_forward`).
+
+Why: on the grouped weights a layer's products are a few kernel calls, but the norms, rope,
+cache writes, attention and residuals around them are ~90 PyTorch calls, which cost Qwen2.5-
+Coder-1.5B ~15 ms of a ~75 ms 1-token pass here (and its 0.5B draft a larger share). The kernel
+runs the same steps for every row on its own (elementwise work in float32, rounded once to the
+model dtype; products and attention by the batch-invariant kernels), so a row's bits never depend
+on the other rows of the pass: greedy speculation stays token-identical to plain decoding, in a
+single sequence's pass and in a batched one alike. Where the kernels are unavailable the model
+runs its PyTorch layers (models/llama.py) instead."""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from specdec.kernels import invariant
+from specdec.models.gguf_blocks import Grouped
+
+MAX_PARTS = 3  # a fused q/k/v
+
+
+class Part(ctypes.Structure):
+    _fields_ = [("q", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("offset", ctypes.c_void_p),
+                ("scale_super", ctypes.c_void_p), ("offset_super", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("rows", ctypes.c_int64), ("bits", ctypes.c_int64), ("is_signed", ctypes.c_int64),
+                ("group", ctypes.c_int64)]
+
+
+class Projection(ctypes.Structure):
+    _fields_ = [("parts", Part * MAX_PARTS), ("count", ctypes.c_int64), ("out", ctypes.c_int64)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [("qkv", Projection), ("o", Projection), ("gate_up", Projection), ("down", Projection),
+                ("norm_in", ctypes.c_void_p), ("norm_post", ctypes.c_void_p)]
+
+
+class Dims(ctypes.Structure):
+    _fields_ = [("hidden", ctypes.c_int64), ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64),
+                ("head_dim", ctypes.c_int64), ("intermediate", ctypes.c_int64), ("pos_stride", ctypes.c_int64),
+                ("head_stride", ctypes.c_int64), ("eps", ctypes.c_float)]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _int64s(values: list[int]) -> ctypes.Array:
+    return (ctypes.c_int64 * len(values))(*values)
+
+
+class GroupedStack:
+    """Runs the decoder layers of a model whose projections are all GroupedLinear (one dtype,
+    bfloat16 or float32) over M rows: `__call__` for rows described explicitly (batched slots),
+    `chain` and `tree` for one sequence's pass."""
+
+    def __init__(self, model, lib: ctypes.CDLL):
+        c = model.config
+        self.lib, self.dtype = lib, model.dtype
+        self.keep: list[torch.Tensor] = []  # tensors whose addresses the structures hold
+        layers = model.model.layers
+        self.layers = (Layer * len(layers))()
+        for spec, layer in zip(self.layers, layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            for field, linear in (("qkv", attn.qkv), ("o", attn.o_proj), ("gate_up", mlp.gate_up),
+                                  ("down", mlp.down_proj)):
+                self._projection(getattr(spec, field), linear)
+            spec.norm_in = self._float32(layer.input_layernorm.weight)
+            spec.norm_post = self._float32(layer.post_attention_layernorm.weight)
+        self.dims = Dims(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                         c.intermediate_size, 0, 0, c.rms_norm_eps)
+        self.head_dim = c.head_dim
+        self._caches: dict[int, tuple[list[torch.Tensor], ctypes.Array, ctypes.Array]] = {}
+
+    def _float32(self, t: torch.Tensor) -> int:
+        t = t.detach().to(torch.float32).contiguous()
+        self.keep.append(t)
+        return t.data_ptr()
+
+    def _projection(self, spec: Projection, linear) -> None:
+        spec.count, spec.out = len(linear.parts), linear.out_features
+        for i, (part, bias) in enumerate(zip(linear.parts, linear.part_biases)):
+            self.keep.extend(t for t in (*part.tensors, bias) if t is not None)
+            spec.parts[i] = Part(part.q.data_ptr(), part.scale.data_ptr(), _ptr(part.offset), _ptr(part.scale_super),
+                                 _ptr(part.offset_super), _ptr(bias), part.shape[0], part.bits,
+                                 int(part.q.dtype == torch.int8), part.group)
+
+    def _cache_pointers(self, keys: list[torch.Tensor],
+                        values: list[torch.Tensor]) -> tuple[ctypes.Array, ctypes.Array]:
+        held = self._caches.get(id(keys))
+        if held is None or held[0] is not keys:
+            pointers = [(ctypes.c_void_p * len(ts))(*[t.data_ptr() for t in ts]) for ts in (keys, values)]
+            held = self._caches[id(keys)] = (keys, *pointers)
+        return held[1], held[2]
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, rope, keys: list[torch.Tensor],
+                 values: list[torch.Tensor], base: list[int], write: list[int], count: list[int] | torch.Tensor,
+                 lists: invariant.KeyLists | None = None) -> torch.Tensor:
+        """x [M, hidden] through every layer (a new tensor); row m at rope position positions[m]
+        writes cache position write[m] of the sequence base[m] elements into each layer's cache
+        and attends to its first count[m] positions, or to those lists gives it."""
+        x = x.to(self.dtype).contiguous().clone()
+        cos, sin = rope(positions, torch.float32, x.device)
+        cos = cos.reshape(-1, self.head_dim).contiguous()
+        sin = sin.reshape(-1, self.head_dim).contiguous()
+        self.dims.pos_stride, self.dims.head_stride = keys[0].stride(2), keys[0].stride(1)
+        key_ptrs, value_ptrs = self._cache_pointers(keys, values)
+        rows = [_int64s(base), _int64s(write)]  # held until the call returns
+        if not isinstance(count, torch.Tensor):
+            rows.append(_int64s(count))
+        counts = count.data_ptr() if isinstance(count, torch.Tensor) else ctypes.addressof(rows[2])
+        failed = self.lib.stack_forward(
+            ctypes.addressof(self.layers), len(self.layers), ctypes.addressof(self.dims), x.data_ptr(),
+            int(x.dtype == torch.bfloat16), x.shape[0], cos.data_ptr(), sin.data_ptr(), ctypes.addressof(key_ptrs),
+            ctypes.addressof(value_ptrs), ctypes.addressof(rows[0]), ctypes.addressof(rows[1]), counts,
+            None if lists is None else lists.start.data_ptr(), None if lists is None else lists.index.data_ptr())
+        if failed:
+            raise RuntimeError("stack_forward met a weight layout its products lack (checked at load)")
+        return x
+
+
+def kernel_takes(part: Grouped) -> bool:
+    """Whether rows.cpp multiplies this layout (one probe row)."""
+    x = torch.zeros(1, part.shape[1])
+    return invariant.linear_grouped(x, part.q, part.scale, part.offset, part.group, None, None, 0, part.bits,
+                                    part.scale_super, part.offset_super) is not None
