@@ -17,7 +17,8 @@ CACHE_KERNELS = {torch.bfloat16: "attend_bf16", torch.float32: "attend_f32"}
 IO_DTYPES = (torch.bfloat16, torch.float32)
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
+def address(t: torch.Tensor | None) -> int | None:
+    """A tensor's data address for a kernel argument (None: a null pointer)."""
     return None if t is None else t.data_ptr()
 
 
@@ -43,11 +44,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = N
     x_bf16, y_bf16 = int(rows.dtype == torch.bfloat16), int(out_dtype == torch.bfloat16)
     bias = _float32(bias)
     if scale is None:
-        getattr(lib, name)(rows.data_ptr(), x_bf16, weight.data_ptr(), _ptr(bias), out.data_ptr(), y_bf16,
+        getattr(lib, name)(rows.data_ptr(), x_bf16, weight.data_ptr(), address(bias), out.data_ptr(), y_bf16,
                            rows.shape[0], N, K)
     else:
         scale = _float32(scale)
-        lib.linear_i8(rows.data_ptr(), x_bf16, weight.data_ptr(), scale.data_ptr(), _ptr(bias), out.data_ptr(),
+        lib.linear_i8(rows.data_ptr(), x_bf16, weight.data_ptr(), scale.data_ptr(), address(bias), out.data_ptr(),
                       y_bf16, rows.shape[0], N, K)
     return out.view(*x.shape[:-1], N)
 
@@ -72,8 +73,8 @@ def linear_grouped(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, offset
     if out.dtype not in IO_DTYPES or out.stride(1) != 1:
         return None
     failed = lib.linear_grouped(x.data_ptr(), int(x.dtype == torch.bfloat16), q.data_ptr(), bits,
-                                int(q.dtype == torch.int8), scale.data_ptr(), _ptr(offset), _ptr(scale_super),
-                                _ptr(offset_super), group, _ptr(bias),
+                                int(q.dtype == torch.int8), scale.data_ptr(), address(offset), address(scale_super),
+                                address(offset_super), group, address(bias),
                                 out.data_ptr() + column * out.element_size(), int(out.dtype == torch.bfloat16),
                                 out.stride(0), x.shape[0], N, K)
     return None if failed else out
@@ -124,7 +125,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[int],
     else:
         base, count, start, index = _row_layout(B, T, k.stride(0), ())[0], keys.lengths, keys.start, keys.index
     out = torch.empty(B, T, nh, hd, dtype=q.dtype)
-    getattr(lib, name)(rows.data_ptr(), k.data_ptr(), v.data_ptr(), base.data_ptr(), count.data_ptr(), _ptr(start),
-                       _ptr(index), out.data_ptr(), int(q.dtype == torch.bfloat16), B * T, nh, k.shape[1], hd,
+    getattr(lib, name)(rows.data_ptr(), k.data_ptr(), v.data_ptr(), base.data_ptr(), count.data_ptr(), address(start),
+                       address(index), out.data_ptr(), int(q.dtype == torch.bfloat16), B * T, nh, k.shape[1], hd,
                        k.stride(2), k.stride(1), hd ** -0.5)
     return out.transpose(1, 2)

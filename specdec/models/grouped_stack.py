@@ -15,6 +15,7 @@ import ctypes
 import torch
 
 from specdec.kernels import invariant
+from specdec.kernels.invariant import address
 from specdec.models.gguf_blocks import Grouped
 
 MAX_PARTS = 3  # a fused q/k/v
@@ -42,18 +43,14 @@ class Dims(ctypes.Structure):
                 ("head_stride", ctypes.c_int64), ("eps", ctypes.c_float)]
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
 def _int64s(values: list[int]) -> ctypes.Array:
     return (ctypes.c_int64 * len(values))(*values)
 
 
 class GroupedStack:
     """Runs the decoder layers of a model whose projections are all GroupedLinear (one dtype,
-    bfloat16 or float32) over M rows: `__call__` for rows described explicitly (batched slots),
-    `chain` and `tree` for one sequence's pass."""
+    bfloat16 or float32) over M rows, each described by where it writes and which keys it
+    sees (a chain, a tree or a batch's slots)."""
 
     def __init__(self, model, lib: ctypes.CDLL):
         c = model.config
@@ -71,7 +68,6 @@ class GroupedStack:
         self.dims = Dims(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                          c.intermediate_size, 0, 0, c.rms_norm_eps)
         self.head_dim = c.head_dim
-        self._caches: dict[int, tuple[list[torch.Tensor], ctypes.Array, ctypes.Array]] = {}
 
     def _float32(self, t: torch.Tensor) -> int:
         t = t.detach().to(torch.float32).contiguous()
@@ -82,17 +78,9 @@ class GroupedStack:
         spec.count, spec.out = len(linear.parts), linear.out_features
         for i, (part, bias) in enumerate(zip(linear.parts, linear.part_biases)):
             self.keep.extend(t for t in (*part.tensors, bias) if t is not None)
-            spec.parts[i] = Part(part.q.data_ptr(), part.scale.data_ptr(), _ptr(part.offset), _ptr(part.scale_super),
-                                 _ptr(part.offset_super), _ptr(bias), part.shape[0], part.bits,
-                                 int(part.q.dtype == torch.int8), part.group)
-
-    def _cache_pointers(self, keys: list[torch.Tensor],
-                        values: list[torch.Tensor]) -> tuple[ctypes.Array, ctypes.Array]:
-        held = self._caches.get(id(keys))
-        if held is None or held[0] is not keys:
-            pointers = [(ctypes.c_void_p * len(ts))(*[t.data_ptr() for t in ts]) for ts in (keys, values)]
-            held = self._caches[id(keys)] = (keys, *pointers)
-        return held[1], held[2]
+            spec.parts[i] = Part(part.q.data_ptr(), part.scale.data_ptr(), address(part.offset),
+                                 address(part.scale_super), address(part.offset_super), address(bias),
+                                 part.shape[0], part.bits, int(part.q.dtype == torch.int8), part.group)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, rope, keys: list[torch.Tensor],
                  values: list[torch.Tensor], base: list[int], write: list[int], count: list[int] | torch.Tensor,
@@ -100,12 +88,12 @@ class GroupedStack:
         """x [M, hidden] through every layer (a new tensor); row m at rope position positions[m]
         writes cache position write[m] of the sequence base[m] elements into each layer's cache
         and attends to its first count[m] positions, or to those lists gives it."""
-        x = x.to(self.dtype).contiguous().clone()
+        x = x.to(self.dtype, copy=True).contiguous()
         cos, sin = rope(positions, torch.float32, x.device)
         cos = cos.reshape(-1, self.head_dim).contiguous()
         sin = sin.reshape(-1, self.head_dim).contiguous()
         self.dims.pos_stride, self.dims.head_stride = keys[0].stride(2), keys[0].stride(1)
-        key_ptrs, value_ptrs = self._cache_pointers(keys, values)
+        key_ptrs, value_ptrs = ((ctypes.c_void_p * len(ts))(*[t.data_ptr() for t in ts]) for ts in (keys, values))
         rows = [_int64s(base), _int64s(write)]  # held until the call returns
         if not isinstance(count, torch.Tensor):
             rows.append(_int64s(count))
