@@ -1,7 +1,7 @@
 """Python API: `specdec.load(...)` returns a SpecDecoder with generate() and stream()."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -11,6 +11,7 @@ from specdec.bundled import DEFAULT_TARGET, default_head, default_quantize
 from specdec.controller_memory import ControllerMemory, default_path
 from specdec.engine import Engine, GenerationResult, StreamChunk
 from specdec.errors import SpecdecError
+from specdec.fim import FimPrompt, FimTokens, fim_prompt, find_fim_tokens, require_fim_tokens
 from specdec.grammar import grammar_from_response_format
 from specdec.models.checkpoint import load_native, open_model, parse_dtype
 from specdec.models.config import SUPPORTED_MODEL_TYPES
@@ -193,6 +194,27 @@ class SpecDecoder:
 
     def generate(self, prompt: str | list[int], **sampling) -> GenerationResult:
         return self.engine.generate(prompt, self.sampling_params(**sampling))
+
+    def fim_tokens(self) -> FimTokens | None:
+        """The target's fill-in-the-middle tokens, or None when its vocabulary has none."""
+        return find_fim_tokens(self.tokenizer)
+
+    def fim_prompt(self, prefix: str, suffix: str, extra: Sequence[tuple[str, str]] = (), typed: str = "",
+                   max_new_tokens: int = 128) -> FimPrompt:
+        """The fill-in-the-middle prompt for the gap between prefix and suffix (fim.fim_prompt),
+        cut to leave max_new_tokens of the context window; a clear error for a model without FIM."""
+        fim = require_fim_tokens(self.tokenizer, f"model {str(self.target_path)!r}")
+        return fim_prompt(self.tokenizer, fim, prefix, suffix, extra, typed,
+                          budget=self.context_window - max_new_tokens)
+
+    def infill(self, prefix: str, suffix: str, extra: Sequence[tuple[str, str]] = (), typed: str = "",
+               **sampling) -> GenerationResult:
+        """The middle between prefix and suffix (code completion at a cursor): generate() on the
+        FIM prompt, ended also by the model's FIM pad and separator tokens. With ngram the
+        suffix is in the prompt, so lookups find what follows the gap."""
+        prompt = self.fim_prompt(prefix, suffix, extra, typed, sampling.get("max_new_tokens", 128))
+        sampling["stop_token_ids"] = (*sampling.get("stop_token_ids", ()), *prompt.stop_token_ids)
+        return self.generate(prompt.ids, **sampling)
 
     def stream(self, prompt: str | list[int], **sampling) -> Iterator[StreamChunk]:
         params = self.sampling_params(**sampling)

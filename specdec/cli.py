@@ -32,22 +32,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise SpecdecError("--logprobs is reported in the JSON output: add --json")
     decoder = load_decoder(args)
     options = dict(sampling(args), logprobs=args.logprobs)
+    prompt = args.prompt
+    if args.suffix is not None:  # the prompt is the text before the gap
+        fim = decoder.fim_prompt(args.prompt, args.suffix, max_new_tokens=options["max_new_tokens"])
+        prompt, options["stop_token_ids"] = fim.ids, fim.stop_token_ids
     decoder.sampling_params(**options)  # validate before any output
     results = []
     for i in range(args.n):
         seed = None if args.seed is None else args.seed + i
         if args.json:
-            results.append(decoder.generate(args.prompt, **{**options, "seed": seed}))
+            results.append(decoder.generate(prompt, **{**options, "seed": seed}))
             continue
         if args.n > 1:
             print(f"--- sample {i + 1} ---")
         sys.stdout.write(args.prompt)
-        for chunk in decoder.stream(args.prompt, **{**options, "seed": seed}):
+        for chunk in decoder.stream(prompt, **{**options, "seed": seed}):
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
             if chunk.result is not None:
                 results.append(chunk.result)
-        sys.stdout.write("\n")
+        sys.stdout.write(f"{args.suffix or ''}\n")
     stats = GenerationStats.merge([r.stats for r in results])
     if args.json:
         d = stats.to_dict()
@@ -108,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text from a prompt")
     g.add_argument("prompt")
+    g.add_argument("--suffix", metavar="TEXT", default=None,
+                   help="fill in the middle: the prompt is the text before the gap, TEXT the text after it "
+                        "(a code model with FIM tokens, such as qwen-coder)")
     add_model_args(g)
     add_sampling_args(g)
     g.add_argument("--n", type=int, default=1, help="number of independent samples")

@@ -257,9 +257,17 @@ class Engine:
         seq.stats.add(step)
         if stopped:
             seq.finish_reason = "stop"
-        elif seq.remaining <= 0 or self.target.max_len - len(seq.context) <= 0:
+        elif (seq.remaining <= 0 or self.target.max_len - len(seq.context) <= 0
+              or self._past_line_time_limit(seq)):
             seq.finish_reason = "length"
         return step
+
+    @staticmethod
+    def _past_line_time_limit(seq: Sequence) -> bool:
+        limit = seq.params.line_time_limit
+        if limit is None or "\n" not in seq.text.text:
+            return False
+        return time.perf_counter() - (seq.started_at + seq.stats.prefill_seconds) > limit
 
     def finish(self, seq: Sequence) -> tuple[GenerationResult, str]:
         """The result, and the text held back until now (an incomplete character, a possible
@@ -279,10 +287,10 @@ class Engine:
     def _cut(self, tokens: list[int], seq: Sequence) -> tuple[list[int], bool]:
         """Tokens up to and including the first EOS, and at most the tokens still allowed."""
         tokens = tokens[:seq.remaining]
-        if not seq.params.ignore_eos:
-            for i, token in enumerate(tokens):
-                if token in self.eos_ids:
-                    return tokens[:i + 1], True
+        ends = seq.params.stop_token_ids
+        for i, token in enumerate(tokens):
+            if (token in self.eos_ids and not seq.params.ignore_eos) or token in ends:
+                return tokens[:i + 1], True
         return tokens, False
 
     def exact_for(self, seq: Sequence) -> bool:

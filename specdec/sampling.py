@@ -84,6 +84,7 @@ MAX_LOGPROBS = 20  # alternatives per position, as OpenAI's top_logprobs
 OPTIONAL_BOUNDS: dict[str, Bounds] = {
     "logprobs": Bounds(0, MAX_LOGPROBS, integer=True),
     "prompt_logprobs": Bounds(0, MAX_LOGPROBS, integer=True),
+    "line_time_limit": Bounds(0.0, low_open=True, note="seconds"),
 }
 SEED_MODES = ("invariant", "rejection")
 LOGIT_BIAS_BOUNDS = Bounds(-100.0, 100.0)  # OpenAI's range; -100 bans a token, +100 all but forces it
@@ -115,9 +116,16 @@ class SamplingParams:
     # structured output: every position samples only among the tokens the grammar allows
     # (grammar.py); None = unconstrained
     grammar: Grammar | None = None
+    # token ids that end the generation as EOS does (vLLM's stop_token_ids; fill-in-the-middle
+    # adds its pad and file-separator tokens); they end it even with ignore_eos
+    stop_token_ids: tuple[int, ...] = ()
+    # seconds after the first generated token past which the generation ends as soon as its
+    # text holds a line break (llama.cpp's t_max_predict_ms: an editor gets whole lines in time)
+    line_time_limit: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        object.__setattr__(self, "stop_token_ids", _token_ids(self.stop_token_ids))
         validate(self)
 
     @property
@@ -151,6 +159,16 @@ def _bias_pairs(bias) -> tuple:
     if len({token for token, _ in pairs}) < len(pairs):
         raise SpecdecError("logit_bias names a token id twice")
     return tuple(sorted((token, float(value)) for token, value in pairs))
+
+
+def _token_ids(ids) -> tuple[int, ...]:
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise SpecdecError(f"stop_token_ids must be a list of token ids, got {ids!r}")
+    ids = tuple(ids)
+    for token in ids:
+        if not is_integer(token) or token < 0:
+            raise SpecdecError(f"stop_token_ids must hold token ids (integers >= 0), got {token!r}")
+    return tuple(int(t) for t in ids)
 
 
 def validate(p: SamplingParams) -> None:

@@ -33,13 +33,15 @@ def make_model_dir(path: Path, model_type: str = "llama", vocab_size: int | None
                    seed: int = 0, hidden_size: int = 32, layers: int = 2, heads: int = 4,
                    kv_heads: int = 2, tie: bool = False, rope_scaling: dict | None = None,
                    max_pos: int = 256, scale: float = 1.0, tokenizer: str = "bpe", alphabet: str | None = None,
-                   bpe_vocab_size: int = 400) -> Path:
+                   bpe_vocab_size: int = 400, special_tokens: tuple[str, ...] = ()) -> Path:
     """Save a random model (HF layout) plus a tokenizer. tokenizer='bpe' trains a small
-    byte-level BPE of bpe_vocab_size tokens (vocab_size ignored); 'char' builds a
-    vocab_size-character tokenizer (alphabet: its characters after EOS)."""
+    byte-level BPE of bpe_vocab_size tokens (vocab_size ignored), plus special_tokens (such as
+    FIM markers) at its end; 'char' builds a vocab_size-character tokenizer (alphabet: its
+    characters after EOS)."""
     path.mkdir(parents=True, exist_ok=True)
     if tokenizer == "bpe":
         tok = train_tokenizer(SAMPLE_TEXT, vocab_size=bpe_vocab_size)
+        tok.add_special_tokens(list(special_tokens))
         save_tokenizer(tok, path)
         vocab_size = tok.get_vocab_size()
     else:

@@ -29,7 +29,8 @@ __all__ = ["MAX_BODY_BYTES", "ServerSettings", "create_app"]
 
 log = logging.getLogger("specdec.server")
 
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models", "/health", "/metrics")
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/infill", "/v1/models", "/health",
+             "/metrics")
 METHODS = ("GET", "POST", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 

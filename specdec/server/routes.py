@@ -5,6 +5,7 @@ path: responses_api.py): the body is read raw (at most settings.max_body_bytes) 
 by validation.RequestParser, never by FastAPI, so no route declares a body or typed
 parameter; the job goes to the engine worker and its events come back as one JSON object or
 as server-sent events.
+POST /infill: llama.cpp server's fill-in-the-middle request and answer (infill.py), for editors.
 GET /v1/models, /v1/models/{id}, /health, /metrics."""
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from specdec.logprobs import token_texts
-from specdec.server import responses, responses_api
+from specdec.server import infill, responses, responses_api
 from specdec.server.errors import ApiError
 from specdec.server.fields import model_not_found, parse_json_object
 from specdec.server.responses import ResponseHeader
@@ -69,6 +70,38 @@ async def create_response(request: Request):
     if req.stream:
         return event_stream(job, responses_api.stream(job, writer))
     return JSONResponse(writer.response((await collect(request, job, 1))[0]))
+
+
+@router.post("/infill")
+async def fill_in_the_middle(request: Request):
+    """llama.cpp's /infill (what llama.vim and llama.vscode send): its request and answer shapes."""
+    state = server_state(request)
+    raw = await read_body(request, state.settings.max_body_bytes)
+    inf = await run_in_threadpool(
+        lambda: infill.parse_infill(state.parser, parse_json_object(raw), state.decoder.fim_tokens()))
+    job = submit(state, inf.req)
+    if inf.req.stream:
+        return event_stream(job, infill_events(job, inf, state))
+    result = (await collect(request, job, 1))[0]
+    return JSONResponse(infill_answer(inf, result, state))
+
+
+def infill_answer(inf: infill.InfillRequest, result, state: ServerState, streamed: bool = False) -> dict:
+    return infill.response(inf, result, state.served_name, state.decoder.method,
+                           state.decoder.tokenizer.decode(result.token_ids), streamed)
+
+
+async def infill_events(job: Job, inf: infill.InfillRequest, state: ServerState):
+    """llama.cpp's stream: a `data:` object per step, the last one whole with stop: true; no [DONE]."""
+    async for event in job_events(job):
+        if event.kind == "error":
+            yield infill.sse(event.error.body())
+        elif event.kind == "chunk" and (event.text or event.chunk.token_ids):
+            yield infill.chunk(event.text, event.chunk.token_ids)
+        elif event.kind == "done":
+            if event.text:
+                yield infill.chunk(event.text, [])
+            yield infill.sse(infill_answer(inf, event.result, state, streamed=True))
 
 
 def _model_card(state: ServerState) -> dict:
@@ -193,6 +226,15 @@ async def watch_disconnect(request: Request, job: Job) -> None:
             return
 
 
+async def job_events(job: Job):
+    """The job's events up to its "end"."""
+    while True:
+        event = await job.next_event()
+        if event.kind == "end":
+            return
+        yield event
+
+
 async def stream_events(job: Job, req: GenerationRequest, head: ResponseHeader):
     """Server-sent events of a streamed job, ending with [DONE]."""
     results = [None] * req.num_choices
@@ -205,10 +247,7 @@ async def stream_events(job: Job, req: GenerationRequest, head: ResponseHeader):
         return responses.sse(obj)
 
     try:
-        while True:
-            event = await job.next_event()
-            if event.kind == "end":
-                break
+        async for event in job_events(job):
             if event.kind == "error":
                 yield responses.sse(event.error.body())
                 continue

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from specdec.chat_template import ChatTemplate, ChatTemplateError
 from specdec.errors import SpecdecError
+from specdec.fim import fim_prompt, find_fim_tokens
 from specdec.grammar import Grammar, grammar_from_response_format
 from specdec.sampling import (
     LOGIT_BIAS_BOUNDS,
@@ -63,7 +64,6 @@ MAX_TOKENS_KEYS = {"completion": ("max_tokens",), "chat": ("max_completion_token
 
 # Accepted only at their "off" value: anything else is refused instead of silently ignored.
 UNSUPPORTED = {
-    "suffix": ("",),
     "functions": ([],),  # the deprecated form of tools
     "function_call": ("none",),
     "chat_template": (),  # only the model's own template is ever rendered
@@ -240,10 +240,29 @@ class RequestParser:
         req = self._common(body, "completion")
         req.prompts = self._prompts(body)
         req.echo = get_bool(body, "echo", False)
+        suffix = get_str(body, "suffix")
+        if suffix:
+            self._fill_in_the_middle(req, check_text(suffix, "suffix"))
         if req.echo and req.logprobs is not None:  # score the prompt too (from the prefill pass)
             req.sampling["prompt_logprobs"] = req.logprobs
         req.sampling["max_new_tokens"] = self._max_tokens(body, req, DEFAULT_COMPLETION_MAX_TOKENS, "prompt")
         return req
+
+    def _fill_in_the_middle(self, req: GenerationRequest, suffix: str) -> None:
+        """OpenAI's `suffix`: the prompt is the text before the gap, suffix the text after it;
+        the prompt becomes the model's FIM prompt (fim.py), not cut: too long is a 400."""
+        fim = find_fim_tokens(self.tokenizer)
+        if fim is None:
+            raise bad_request("suffix needs a model with fill-in-the-middle tokens; this server's model has "
+                              "none", "suffix", "fim_not_supported")
+        if len(req.prompts) != 1 or not req.prompts[0].text:
+            raise bad_request("suffix needs the prompt as one string (the text before the gap)", "suffix")
+        if req.echo:
+            raise bad_request("suffix cannot be combined with echo", "suffix")
+        prefix = req.prompts[0].text
+        prompt = fim_prompt(self.tokenizer, fim, prefix, suffix)
+        req.prompts = [Prompt(prompt.ids, prefix)]
+        req.sampling["stop_token_ids"] = prompt.stop_token_ids
 
     def chat(self, body: dict) -> GenerationRequest:
         req = self._common(body, "chat")
