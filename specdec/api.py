@@ -258,7 +258,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
          tree_nodes: int | None = None, typical_acceptance: bool = False, calibrate: bool = True,
          exact: bool | None = None, quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE,
          cross_vocab: str = "auto", pack: bool = True, compile: bool = False,
-         memory: bool | str | Path = True, draft_4bit: bool | None = None) -> SpecDecoder:
+         memory: bool | str | Path = True, draft_4bit: bool | None = None, reuse_prefix: bool = True) -> SpecDecoder:
     """Load a target (None = the bundled model) and, for method='draft', a draft model
     (None = the bundled draft when the target is bundled); for 'medusa'/'eagle', `draft` is
     the head folder. draft_tokens fixes K (chain) or the tree size; by default they adapt per
@@ -286,7 +286,10 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     (controller_memory.py: ~/.cache/specdec/controllers.json, or $SPECDEC_CONTROLLER_MEMORY, which
     "off" turns off); a path uses that file; False keeps nothing. Output never depends on it.
     draft_4bit: a GGUF draft model's one-value-a-byte projections rounded to 4 bits (None: on for
-    drafts on a GGUF's blocks): a cheaper draft pass, lossless as any draft."""
+    drafts on a GGUF's blocks): a cheaper draft pass, lossless as any draft. reuse_prefix=True keeps
+    the cache entries of a prompt's leading tokens that the previous generation left (an editor's
+    requests share most of their text) where they are bit for bit what a fresh prefill writes
+    (models on a GGUF's blocks): the output is the same either way, only the prefill is shorter."""
     if method not in METHODS:
         raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if cross_vocab not in CROSS_VOCAB_MODES:
@@ -347,6 +350,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
                     max_draft_tokens=draft_tokens or max_draft_tokens, fixed_draft_tokens=draft_tokens,
                     typical_acceptance=typical_acceptance, exact=exact,
                     memory=ControllerMemory(memory_path) if memory_path is not None else None, memory_setup=setup)
+    engine.reuse_prefix = reuse_prefix
     if calibrate:
         engine.calibrate()
     return SpecDecoder(engine, target_path, draft_path)

@@ -28,7 +28,7 @@ from specdec.models.checkpoint import read_hf_config
 from specdec.models.gguf import find_gguf
 from specdec.models.quant import DEFAULT_GROUP_SIZE
 from specdec.pass_costs import pass_cost_curves, print_cost_table
-from specdec.prompts import RAW_TASKS, TASKS, build_suite, render_chat
+from specdec.prompts import RAW_TASKS, TASKS, build_suite, render_chat, render_fim
 from specdec.stats import GenerationStats
 from specdec.text import TextTokenizer
 
@@ -123,7 +123,8 @@ def make_runner(m: str, setup: dict, stack: ExitStack, tokenizer: TextTokenizer)
                                   cross_vocab="tli" if mode == "tli" else "auto",
                                   exact=False if mode in ("fast", "compile") else None,
                                   compile=mode == "compile",
-                                  memory=False),  # a run must not depend on the runs before it
+                                  memory=False,  # a run must not depend on the runs before it
+                                  reuse_prefix=False),  # every run pays for its prompt, as llama.cpp's
                              seed_mode="invariant" if mode == "seeded" else "rejection")
     if base in HF_METHODS and not fixed:
         draft_dir = draft or default_head(target, "draft")
@@ -165,7 +166,7 @@ def run_bench(methods: list[str], temperatures: list[float], tasks: list[str], t
                  llama_server=llama_server, llama_gguf=llama_gguf, quantize=quantize, group_size=group_size)
     tokenizer = TextTokenizer(target or DEFAULT_TARGET)
     template = ChatTemplate.from_tokenizer_config(tokenizer.config)
-    prompts = render_chat(build_suite(per_task, tasks), template)
+    prompts = render_fim(render_chat(build_suite(per_task, tasks), template), tokenizer)
     with ExitStack() as stack:
         runners = {m: make_runner(m, setup, stack, tokenizer) for m in methods}
         for runner in runners.values():  # warm-up

@@ -26,7 +26,7 @@ from specdec.cli_common import check_at_least
 from specdec.errors import SpecdecError
 from specdec.extras import require
 from specdec.llama_cpp import ENV_VAR, SPEC_ARGS, LlamaServer, find_llama_server, server_version
-from specdec.prompts import CHAT_TASKS, TASKS, build_suite, render_chat
+from specdec.prompts import CHAT_TASKS, TASKS, build_suite, render_chat, render_fim
 from specdec.serve_load import APIS, Endpoint, LevelReport, LoadSpec, run_level, served_model
 
 # llama.cpp configurations: llama_cpp.SPEC_ARGS, and a draft model (--draft or --llama-draft-gguf)
@@ -171,12 +171,12 @@ def load_prompts(args: argparse.Namespace) -> list:
     suite = build_suite(args.prompts, tasks)
     if args.api == "chat":
         return [p.messages or [{"role": "user", "content": p.text}] for p in suite]
-    if any(t in CHAT_TASKS for t in tasks):
+    if any(t in CHAT_TASKS or t == "fim" for t in tasks):
         from specdec.chat_template import ChatTemplate
         from specdec.text import TextTokenizer
 
-        template = ChatTemplate.from_tokenizer_config(TextTokenizer(args.target or DEFAULT_TARGET).config)
-        suite = render_chat(suite, template)
+        tokenizer = TextTokenizer(args.target or DEFAULT_TARGET)
+        suite = render_fim(render_chat(suite, ChatTemplate.from_tokenizer_config(tokenizer.config)), tokenizer)
     return [p.text for p in suite]
 
 

@@ -93,6 +93,12 @@ class Engine:
         self._controllers: dict[tuple, Controller] = {}
         self.pass_costs: PassCosts | None = None  # from calibrate(): the controllers' starting costs
         self._grammars: GrammarCompiler | None = None  # built on the first constrained request
+        # prefix reuse: a new prompt's leading tokens that the target cache already holds are
+        # not computed again (an editor's requests share most of their text). Only where every
+        # cached row has the bits a fresh prefill would write (Runner.kv_rows_invariant), so the
+        # output never depends on earlier requests
+        self.reuse_prefix = True
+        self._held: list[int] | None = None  # context whose all-but-last tokens the cache holds
         # controllers start from what earlier processes learned with this setup (memory_setup:
         # target, drafter, dtype, kernels) on this machine, and leave what they learn there
         self.memory = memory if proposer is not None and fixed_draft_tokens is None else None
@@ -104,6 +110,7 @@ class Engine:
         tree = self.proposer is not None and self.proposer.shape == "tree"
         # plain decoding only ever runs 1-token passes
         max_k = 0 if self.proposer is None else max(self.proposer.tree_sizes) if tree else self.max_draft_tokens
+        self._held = None
         self.pass_costs = measure_pass_costs(self.target, self.proposer, max_k, filler, exact=self.exact)
         self._controllers.clear()
         return self.pass_costs
@@ -198,25 +205,47 @@ class Engine:
         return seq
 
     def start(self, prompt: str | list[int], params: SamplingParams) -> Sequence:
-        """Reset the caches and prefill the prompt (all but its last token)."""
+        """Prefill the prompt (all but its last token) after the cached prefix it shares with
+        the previous generation, if any (see reuse_prefix), else from an empty cache."""
         seq = self.new_sequence(prompt, params)
         prompt_ids, started_at = seq.prompt_ids, seq.started_at
-        self.target.reset()
+        reused = self._reusable_prefix(prompt_ids, params)
+        self._held = None
+        self.target.rollback(reused)
         if self.proposer is not None:
             self.proposer.reset(prompt_ids)
-        if len(prompt_ids) > 1:
-            logits = self.target.extend(prompt_ids[:-1], want_hidden=self.needs_hidden,
+        if len(prompt_ids) - 1 > reused:
+            logits = self.target.extend(prompt_ids[reused:-1], want_hidden=self.needs_hidden,
                                         want_logits=params.prompt_logprobs is not None)
             if params.prompt_logprobs is not None:
                 seq.prompt_logprobs += token_logprobs(logits, prompt_ids[1:], params.prompt_logprobs)
             if self.needs_hidden:
                 self.proposer.observe_target(self.target.last_hidden, prefill=True)
+        seq.stats.cached_prompt_tokens = reused
         seq.stats.prefill_seconds = time.perf_counter() - started_at
+        self._held = seq.context
         return seq
+
+    def _reusable_prefix(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        """How many leading prompt tokens the target cache holds already and may keep."""
+        held = self._held
+        if (not self.reuse_prefix or held is None or params.prompt_logprobs is not None or self.needs_hidden
+                or not getattr(self.target, "kv_rows_invariant", False) or self.target.length != len(held) - 1):
+            return 0
+        limit, n = min(len(held) - 1, len(prompt_ids) - 1), 0
+        while n < limit and held[n] == prompt_ids[n]:
+            n += 1
+        return n
 
     def step(self, seq: Sequence) -> StepRecord:
         """One decode step: choose K, draft, verify in one target pass, emit the kept tokens.
         Sets seq.finish_reason when the generation is over."""
+        self._held = None  # a step that fails midway leaves the cache unknown
+        record = self._step(seq)
+        self._held = seq.context
+        return record
+
+    def _step(self, seq: Sequence) -> StepRecord:
         t0 = time.perf_counter()
         room = self.target.max_len - len(seq.context)  # cache room left after the fed tokens
         budget = self._choose_budget(seq, room)

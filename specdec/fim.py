@@ -51,17 +51,22 @@ class FimPrompt:
     stop_token_ids: tuple[int, ...]  # what else ends the middle (FimTokens.ends)
 
 
+def find_fim_family(tokenizer) -> FimFamily | None:
+    """The first family whose three markers are all in the vocabulary (tokenizer: anything with
+    token_id(text) -> id or None), or None."""
+    return next((f for f in FAMILIES if None not in (tokenizer.token_id(t) for t in (f.prefix, f.suffix, f.middle))),
+                None)
+
+
 def find_fim_tokens(tokenizer) -> FimTokens | None:
-    """The tokenizer's FIM tokens (tokenizer: anything with token_id(text) -> id or None), or None
-    when the vocabulary has none of the known families."""
-    for family in FAMILIES:
-        ids = [tokenizer.token_id(t) for t in (family.prefix, family.suffix, family.middle)]
-        if None in ids:
-            continue
-        sep = tokenizer.token_id(family.file_sep) if family.file_sep else None
-        ends = [tokenizer.token_id(t) for t in family.ends]
-        return FimTokens(*ids, sep, tuple(dict.fromkeys(i for i in [*ends, *ids] if i is not None)))
-    return None
+    """The tokenizer's FIM tokens, or None when the vocabulary has none of the known families."""
+    family = find_fim_family(tokenizer)
+    if family is None:
+        return None
+    ids = [tokenizer.token_id(t) for t in (family.prefix, family.suffix, family.middle)]
+    sep = tokenizer.token_id(family.file_sep) if family.file_sep else None
+    ends = [tokenizer.token_id(t) for t in family.ends]
+    return FimTokens(*ids, sep, tuple(dict.fromkeys(i for i in [*ends, *ids] if i is not None)))
 
 
 def fim_prompt(tokenizer, fim: FimTokens, prefix: str, suffix: str,

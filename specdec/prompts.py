@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Protocol
 
 from specdec.errors import SpecdecError
+from specdec.fim import find_fim_family
 
-TASKS = ("code", "edit", "freetext", "chat", "rewrite")
+TASKS = ("code", "edit", "freetext", "chat", "rewrite", "fim")
 RAW_TASKS = ("code", "edit", "freetext")
 CHAT_TASKS = ("chat", "rewrite")
 MAX_CHAT_SOURCE = 1500  # characters of code quoted in an instruction (keeps prompts ~500 tokens)
@@ -32,29 +33,56 @@ class Prompt:
     name: str  # the stdlib file the prompt comes from
     text: str  # what the model is given; for chat tasks the user message until render_chat
     messages: list[dict] | None = None  # chat tasks: the conversation the text is rendered from
+    gap: tuple[str, str] | None = None  # fim: (prefix, suffix) the text is rendered from (render_fim)
 
 
 class ChatRenderer(Protocol):
     def render(self, messages: list[dict]) -> str: ...
 
 
-def function_snippets(path: Path, min_lines: int = 7, context_lines: int = 12) -> list[tuple[str, str]]:
-    """(lines before the body: some context and the signature, full source) for every function
-    or method of at least `min_lines` lines in a Python file; [] if the file does not parse."""
+def long_functions(path: Path, min_lines: int = 7) -> tuple[list[str], list[ast.FunctionDef]]:
+    """A Python file's lines and its functions or methods of at least `min_lines` lines
+    (none if the file does not parse)."""
     source = path.read_text(encoding="utf-8", errors="replace")
     try:
         tree = ast.parse(source)
     except SyntaxError:
-        return []
-    lines = source.splitlines(keepends=True)
+        return [], []
+    return source.splitlines(keepends=True), [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                                              and node.end_lineno - node.lineno >= min_lines - 1]
+
+
+def function_snippets(path: Path, min_lines: int = 7, context_lines: int = 12) -> list[tuple[str, str]]:
+    """(lines before the body: some context and the signature, full source) for every function
+    or method of at least `min_lines` lines in a Python file; [] if the file does not parse."""
+    lines, funcs = long_functions(path, min_lines)
     out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno >= min_lines - 1:
-            body_start = node.body[0].lineno - 1
-            start = node.lineno - 1 - len(node.decorator_list)
-            header = "".join(lines[max(0, start - context_lines):body_start])
-            out.append((header, "".join(lines[start:node.end_lineno])))
+    for node in funcs:
+        start = node.lineno - 1 - len(node.decorator_list)
+        header = "".join(lines[max(0, start - context_lines):node.body[0].lineno - 1])
+        out.append((header, "".join(lines[start:node.end_lineno])))
     return out
+
+
+def gap_snippets(path: Path, min_lines: int = 7, context_lines: int = 12,
+                 after_lines: int = 24) -> list[tuple[str, str]]:
+    """(prefix, suffix) around each long function's body, as an editor would send them for a
+    cursor at the body's start: context, signature and docstring before; the code after the
+    function (up to after_lines lines) behind."""
+    lines, funcs = long_functions(path, min_lines)
+    out = []
+    for node in funcs:
+        first = node.body[1] if len(node.body) > 1 and _is_docstring(node.body[0]) else node.body[0]
+        start = node.lineno - 1 - len(node.decorator_list)
+        prefix = "".join(lines[max(0, start - context_lines):first.lineno - 1])
+        suffix = "".join(lines[node.end_lineno:node.end_lineno + after_lines])
+        if suffix.strip():
+            out.append((prefix, suffix))
+    return out
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
 
 
 def rename_target(source: str, min_uses: int = 3) -> str | None:
@@ -92,11 +120,12 @@ def chat_prompts(funcs: list[tuple[str, str, str]], per_task: int) -> list[Promp
     return out
 
 
-def build_suite(per_task: int = 3, tasks: tuple[str, ...] | list[str] = TASKS) -> list[Prompt]:
+def build_suite(per_task: int = 3, tasks: tuple[str, ...] | list[str] = RAW_TASKS + CHAT_TASKS) -> list[Prompt]:
     """`per_task` prompts for each of `tasks` (in TASKS order), evenly spread over the held-out
     functions: code = complete a function from its signature, edit = copy a function shown
     above (prompt lookup's best case), freetext = write comments after a module's code; chat
-    and rewrite: see chat_prompts (functions between those the raw tasks use)."""
+    and rewrite: see chat_prompts (functions between those the raw tasks use); fim = fill in a
+    function's body between its signature and the code after it (render_fim)."""
     from specdec.train.corpus import split_files, stdlib_root
 
     unknown = [t for t in tasks if t not in TASKS]
@@ -118,7 +147,23 @@ def build_suite(per_task: int = 3, tasks: tuple[str, ...] | list[str] = TASKS) -
         prompts.append(Prompt("freetext", name, f"{src[-600:]}\n\n# Notes\n#\n# This module is used to"))
     if any(t in CHAT_TASKS for t in tasks):
         prompts += chat_prompts(funcs[step // 2::step] + funcs[:step // 2], per_task)
+    if "fim" in tasks:
+        gaps = [(p.name, prefix, suffix) for p in held for prefix, suffix in gap_snippets(p)]
+        for name, prefix, suffix in gaps[max(1, len(gaps) // per_task) // 3::max(1, len(gaps) // per_task)][:per_task]:
+            prompts.append(Prompt("fim", name, "", gap=(prefix[-1200:], suffix[:800])))
     return [p for t in TASKS if t in tasks for p in prompts if p.task == t]
+
+
+def render_fim(prompts: list[Prompt], tokenizer) -> list[Prompt]:
+    """Fill-in-the-middle prompts with their text in the model's FIM markers (a tokenizer
+    reads the markers back as their special tokens); other prompts unchanged."""
+    if not any(p.gap is not None for p in prompts):
+        return prompts
+    family = find_fim_family(tokenizer)
+    if family is None:
+        raise SpecdecError("the fim task needs a model with fill-in-the-middle tokens (such as qwen-coder)")
+    return [replace(p, text=f"{family.prefix}{p.gap[0]}{family.suffix}{p.gap[1]}{family.middle}")
+            if p.gap is not None else p for p in prompts]
 
 
 def render_chat(prompts: list[Prompt], template: ChatRenderer) -> list[Prompt]:

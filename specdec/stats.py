@@ -33,6 +33,7 @@ class GenerationStats:
     accepted_tokens: int = 0
     accepted_length_histogram: list[int] = field(default_factory=list)  # steps by drafts kept
     draft_tokens_per_step: list[int] = field(default_factory=list)  # tokens drafted each step
+    cached_prompt_tokens: int = 0  # prompt tokens whose cache entries an earlier generation left (not computed)
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0  # drafting including drafter sync
     target_seconds: float = 0.0

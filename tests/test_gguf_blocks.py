@@ -2,6 +2,7 @@
 package dequantizes them, multiplied by the batch-invariant grouped kernel, loaded without a
 float copy; and the split packaged models (qwen-coder) assembled from their parts."""
 import hashlib
+import math
 import sys
 from pathlib import Path
 
@@ -209,6 +210,30 @@ def test_greedy_speculation_on_gguf_blocks_is_identical_to_plain(tiny_quantized,
         assert spec.generate(prompt, max_new_tokens=24, temperature=0).token_ids == want
 
 
+@pytest.mark.parametrize("method", ["none", "draft"])
+def test_a_prompt_that_shares_a_prefix_reuses_the_cache_and_gives_the_same_output(tiny_quantized, method):
+    """The stack's rows are the same bits in any pass, so a prefix the previous generation left
+    in the caches is what a fresh prefill would write: greedy and seeded output as without reuse."""
+    if build.load() is None:
+        pytest.skip(f"the kernels are unavailable here: {build.unavailable()}")
+    drafted = method == "draft"
+    setup = dict(target=str(tiny_quantized), quantize="gguf", dtype="bfloat16", method=method,
+                 draft=str(tiny_quantized) if drafted else None, draft_tokens=3 if drafted else None)
+    fresh, warm = specdec.load(**setup, reuse_prefix=False), specdec.load(**setup)
+    first = "import os\nimport sys\n\nclass Config:\n    def __init__(self):"
+    warm.generate(first, max_new_tokens=4, temperature=0)
+    ids = warm.tokenizer.encode(first)
+    cases = [(first, len(ids) - 1), (first + "\n        self.x = 1\n", len(ids) - 1),
+             (ids[:12] + [5, 6, 7], 12), ("x", 0)]
+    for prompt, cached in cases:
+        for sampling in (dict(temperature=0), dict(temperature=1.0, seed=7)):
+            got = warm.generate(prompt, max_new_tokens=12, **sampling)
+            want = fresh.generate(prompt, max_new_tokens=12, **sampling)
+            assert got.token_ids == want.token_ids and want.stats.cached_prompt_tokens == 0
+            if sampling["temperature"] == 0:  # the seeded run after it finds its whole prompt cached
+                assert got.stats.cached_prompt_tokens >= cached, prompt
+
+
 def test_quantize_gguf_needs_a_gguf():
     with pytest.raises(SpecdecError, match="is not a GGUF"):
         specdec.load(quantize="gguf")  # the bundled target is a safetensors folder
@@ -285,6 +310,44 @@ def test_qwen_coder_loads_on_its_blocks_and_writes_code():
     out = decoder.generate("def fibonacci(n):", max_new_tokens=12, temperature=0)
     assert len(out.token_ids) == 12 and any(word in out.text for word in ("return", "if", "fib", "n"))
     assert isinstance(decoder.engine.target.model.lm_head, GroupedLinear)  # the file's blocks, not a float copy
+
+
+@needs_qwen
+@pytest.mark.slow
+def test_the_qwen_pair_samples_the_targets_two_token_distribution_at_t1():
+    """The real pair in bfloat16 (draft 0.5B proposing for the 1.5B target, rejection sampling):
+    2-token continuations at T=1 against the target's own joint distribution, p(a) p(b | a), from
+    its top-20 log-probabilities at each position (chi-square over the pairs expected 5+ times
+    and the rest)."""
+    from scipy.stats import chisquare
+
+    n, prompt = 1200, "import numpy as np\n\ndef "
+    plain = specdec.load(target="qwen-coder", dtype="bfloat16")
+    pair = specdec.load(target="qwen-coder", method="draft", dtype="bfloat16", draft_tokens=1, memory=False)
+    ids = plain.tokenizer.encode(prompt)
+
+    def top(context):
+        entry = plain.generate(context, max_new_tokens=1, temperature=1.0, logprobs=20).token_logprobs[0]
+        return {t: math.exp(lp) for t, lp in entry.top}
+
+    joint = {(a, b): pa * pb for a, pa in top(ids).items() if pa * n >= 5
+             for b, pb in top(ids + [a]).items() if pa * pb * n >= 5}
+    counts = dict.fromkeys(joint, 0)
+    rest, drafted = 0, 0
+    for seed in range(n):
+        out = pair.generate(ids, max_new_tokens=2, temperature=1.0, seed=seed, seed_mode="rejection")
+        drafted += out.stats.drafted_tokens
+        key = tuple(out.token_ids)
+        if key in counts:
+            counts[key] += 1
+        else:
+            rest += 1
+    keys = list(joint)
+    expected = [joint[k] * n for k in keys] + [n * (1 - sum(joint.values()))]
+    result = chisquare([counts[k] for k in keys] + [rest], expected)
+    print(f"qwen pair T=1: {len(keys)} pairs + rest, {n} samples, {drafted} drafted, p = {result.pvalue:.3f}")
+    assert drafted >= n // 2 and len(keys) >= 5
+    assert result.pvalue > 1e-3
 
 
 if __name__ == "__main__":

@@ -105,6 +105,13 @@ class NativeRunner:
     def rollback(self, length: int) -> None:
         self.cache.rollback(length)
 
+    @property
+    def kv_rows_invariant(self) -> bool:
+        """Whether every key/value row written has the same bits however many rows its pass
+        held: true of the one-call stack of a model on GGUF blocks (grouped_stack.py), so a
+        cached prefix is what a fresh prefill would write."""
+        return self.model.stack is not None and self.model.compiled is None
+
     def keep(self, start: int, offsets: list[int]) -> None:
         self.cache.keep(start, offsets)
 

@@ -26,12 +26,19 @@ class DraftModelProposer:
         return self.runner.memory_bytes()
 
     def reset(self, prompt_ids: list[int]) -> None:
-        """Prefill the draft cache with the prompt (all but its last token, like the target)."""
-        self.runner.reset()
+        """Prefill the draft cache with the prompt (all but its last token, like the target),
+        after the prefix the cache already holds where its rows are what a fresh prefill writes
+        (Runner.kv_rows_invariant: the drafts, and so the speed, never depend on earlier prompts)."""
+        n = 0
+        if getattr(self.runner, "kv_rows_invariant", False) and self.runner.length == len(self.cached):
+            limit = min(len(self.cached), len(prompt_ids) - 1)
+            while n < limit and self.cached[n] == prompt_ids[n]:
+                n += 1
+        self.runner.rollback(n)
         self.cached = list(prompt_ids[:-1])
         self.verified = len(self.cached)
-        if self.cached:
-            self.runner.extend(self.cached, want_logits=False)
+        if len(self.cached) > n:
+            self.runner.extend(self.cached[n:], want_logits=False)
 
     def _sync(self, context: list[int]) -> list[int]:
         """Roll the draft cache back to its common prefix with context; return what to feed.

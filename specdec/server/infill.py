@@ -140,6 +140,7 @@ def response(inf: InfillRequest, result: GenerationResult, model: str, method: s
     last event of a stream, whose content and tokens were sent before."""
     stats, req = result.stats, inf.req
     prompt_n, predicted_n = len(inf.prompt.ids), len(result.token_ids)
+    computed = prompt_n - stats.cached_prompt_tokens  # timings.prompt_n: the prompt tokens processed
     prompt_ms = stats.prefill_seconds * 1000
     predicted_ms = max(stats.wall_seconds - stats.prefill_seconds, 0.0) * 1000
     kind, word = stop_type(result, req.sampling["stop"], full_text)
@@ -153,10 +154,10 @@ def response(inf: InfillRequest, result: GenerationResult, model: str, method: s
                                             "presence_penalty", "frequency_penalty")},
                                 "stop": list(req.sampling["stop"]), "speculative_method": method},
         "has_new_line": "\n" in result.text, "truncated": inf.prompt.truncated,
-        "stop_type": kind, "stopping_word": word, "tokens_cached": prompt_n + predicted_n,
-        "timings": {"prompt_n": prompt_n, "prompt_ms": prompt_ms,
-                    "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-                    "prompt_per_second": 1000 * prompt_n / prompt_ms if prompt_ms else 0.0,
+        "stop_type": kind, "stopping_word": word, "tokens_cached": stats.cached_prompt_tokens,
+        "timings": {"prompt_n": computed, "prompt_ms": prompt_ms,
+                    "prompt_per_token_ms": prompt_ms / computed if computed else 0.0,
+                    "prompt_per_second": 1000 * computed / prompt_ms if prompt_ms else 0.0,
                     "predicted_n": predicted_n, "predicted_ms": predicted_ms,
                     "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
                     "predicted_per_second": 1000 * predicted_n / predicted_ms if predicted_ms else 0.0},

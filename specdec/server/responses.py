@@ -50,13 +50,15 @@ def system_fingerprint(method: str) -> str:
 
 def usage(req: GenerationRequest, results: Sequence[GenerationResult]) -> dict:
     """OpenAI's usage, with its details: speculation fills the predicted-output fields (drafted
-    tokens the target accepted / rejected); no prompt cache, no reasoning tokens."""
+    tokens the target accepted / rejected); cached: prompt tokens whose cache entries an earlier
+    generation left (each prompt counted once, by its first choice); no reasoning tokens."""
     completion = sum(len(r.token_ids) for r in results)
+    cached = sum(r.stats.cached_prompt_tokens for r in results[::req.n])
     accepted = sum(r.stats.accepted_tokens for r in results)
     rejected = sum(r.stats.drafted_tokens for r in results) - accepted
     return {"prompt_tokens": req.prompt_tokens, "completion_tokens": completion,
             "total_tokens": req.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": cached},
             "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": accepted,
                                           "rejected_prediction_tokens": rejected}}
 

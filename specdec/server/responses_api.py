@@ -152,7 +152,8 @@ class ResponseWriter:
 
     def usage(self, result: GenerationResult) -> dict:
         output = len(result.token_ids)
-        return {"input_tokens": self.req.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+        return {"input_tokens": self.req.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": result.stats.cached_prompt_tokens},
                 "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": self.req.prompt_tokens + output}
 
