@@ -244,9 +244,26 @@ def final_probs(logits: torch.Tensor, params: SamplingParams, history: PenaltyRo
     return probs / probs.sum(-1, keepdim=True)
 
 
+SAMPLE_BLOCK = 256  # tokens per block of sample()'s first level
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw one token id from a 1-D distribution."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """Draw one token id from a 1-D distribution (any scale; zeros are never drawn) by inverting
+    its CDF in float64 in two levels, block sums then the tokens of one block: torch.multinomial
+    took ~4 ms a draw over a 152k vocabulary here (7% of a Qwen2.5-Coder-1.5B step at T=1),
+    this ~0.2 ms."""
+    pad = -probs.shape[0] % SAMPLE_BLOCK
+    blocks = torch.nn.functional.pad(probs, (0, pad)).view(-1, SAMPLE_BLOCK)
+    cdf = blocks.sum(1, dtype=torch.float64).cumsum(0)
+    u = float(torch.rand((), generator=generator, dtype=torch.float64)) * float(cdf[-1])
+    last_block = int((cdf < cdf[-1]).sum())  # the last block with mass
+    b = min(int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64), right=True)), last_block)
+    row = blocks[b].double()
+    before = float(cdf[b - 1]) if b else 0.0
+    i = int(torch.searchsorted(row.cumsum(0), torch.tensor([u - before], dtype=torch.float64), right=True))
+    # rounding between the two levels may point past the block's last token with mass
+    last = int(row.nonzero()[-1])
+    return b * SAMPLE_BLOCK + min(i, last)
 
 
 def draw_distinct(probs: torch.Tensor, n: int, generator: torch.Generator | None,

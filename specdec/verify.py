@@ -14,6 +14,8 @@ from typing import Protocol
 
 import torch
 
+from specdec.sampling import sample
+
 
 class RandomSource(Protocol):
     def coin(self, prob: float) -> bool: ...
@@ -29,7 +31,7 @@ class TorchRandom:
         return torch.rand((), generator=self.generator, dtype=torch.float64).item() < prob
 
     def categorical(self, probs: torch.Tensor) -> int:
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return sample(probs, self.generator)
 
 
 @dataclass

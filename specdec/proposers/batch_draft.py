@@ -14,7 +14,7 @@ from specdec.models.batch import BatchRunner
 from specdec.models.llama import LlamaModel
 from specdec.penalties import TokenHistory, adjust_logits
 from specdec.proposers.base import Proposal
-from specdec.sampling import SamplingParams, final_probs
+from specdec.sampling import SamplingParams, final_probs, sample
 from specdec.seeded import PositionNoise, race
 
 
@@ -41,7 +41,7 @@ def draw(logits: torch.Tensor, request: DraftRequest, tokens: list[int], positio
     probs = final_probs(logits[None], params, penalty_row)[0]
     if request.noise is not None:
         return int(race(probs, request.noise.exponentials(position))), probs
-    return int(torch.multinomial(probs, 1, generator=request.generator)), probs
+    return sample(probs, request.generator), probs
 
 
 class BatchDraftModel:

@@ -38,7 +38,7 @@ from specdec.proposers.vocab_map import (
     special_ids,
     token_bytes,
 )
-from specdec.sampling import SamplingParams, final_probs
+from specdec.sampling import SamplingParams, final_probs, sample
 from specdec.seeded import PositionNoise, race
 
 CROSS_VOCAB_MODES = ("auto", "tli", "string")
@@ -256,7 +256,7 @@ class CrossVocabProposer:
                 if noise is not None:  # the race the target's seeded choice at this position runs
                     j = int(vmap.target_index[int(race(row, noise.exponentials(position + i)))])
                 else:
-                    j = int(torch.multinomial(q, 1, generator=generator))
+                    j = sample(q, generator)
                 rows.append(row)
             draft_id = int(vmap.draft_ids[j])
             tokens.append(int(vmap.target_ids[j]))

@@ -8,7 +8,7 @@ import torch
 from specdec.models.runner import Runner
 from specdec.penalties import TokenHistory, adjust_logits
 from specdec.proposers.base import Proposal
-from specdec.sampling import SamplingParams, final_probs
+from specdec.sampling import SamplingParams, final_probs, sample
 from specdec.seeded import PositionNoise, race
 
 
@@ -80,7 +80,7 @@ class DraftModelProposer:
                 if noise is not None:  # the race the target's seeded choice at this position runs
                     token = int(race(probs, noise.exponentials(len(context) + i)))
                 else:
-                    token = int(torch.multinomial(probs, 1, generator=generator))
+                    token = sample(probs, generator)
                 rows.append(probs)
             tokens.append(token)
             feed = [token]
