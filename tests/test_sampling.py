@@ -170,10 +170,10 @@ def test_sample_draws_each_token_with_its_probability_and_never_a_zero():
     g = torch.Generator().manual_seed(0)
     probs = torch.zeros(700)  # three blocks of sample()'s first level, the last one short
     probs[[0, 255, 256, 400, 699]] = torch.tensor([0.1, 0.25, 0.05, 0.4, 0.2])
-    draws = torch.tensor([sample(probs * 3.0, g) for _ in range(20_000)])  # any scale
+    draws = torch.tensor([sample(probs * 3.0, g) for _ in range(6_000)])  # any scale
     assert set(draws.tolist()) <= {0, 255, 256, 400, 699}
     counts = torch.bincount(draws, minlength=700)[[0, 255, 256, 400, 699]]
-    assert chisquare(counts.numpy(), (probs[[0, 255, 256, 400, 699]] * 20_000).numpy()).pvalue > 1e-3
+    assert chisquare(counts.numpy(), (probs[[0, 255, 256, 400, 699]] * 6_000).numpy()).pvalue > 1e-3
     one = torch.zeros(151_936)
     one[-1] = 1e-30  # a lone tiny mass at the very end
     assert sample(one, g) == 151_935
