@@ -349,8 +349,8 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     engine = Engine(target_runner, tokenizer, proposer, method, target_eos,
                     max_draft_tokens=draft_tokens or max_draft_tokens, fixed_draft_tokens=draft_tokens,
                     typical_acceptance=typical_acceptance, exact=exact,
-                    memory=ControllerMemory(memory_path) if memory_path is not None else None, memory_setup=setup)
-    engine.reuse_prefix = reuse_prefix
+                    memory=ControllerMemory(memory_path) if memory_path is not None else None, memory_setup=setup,
+                    reuse_prefix=reuse_prefix)
     if calibrate:
         engine.calibrate()
     return SpecDecoder(engine, target_path, draft_path)

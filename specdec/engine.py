@@ -77,7 +77,7 @@ class Engine:
     def __init__(self, target: Runner, tokenizer: TextTokenizer, proposer: Proposer | None = None,
                  method: str = "none", eos_ids: tuple[int, ...] = (), max_draft_tokens: int = 8,
                  fixed_draft_tokens: int | None = None, typical_acceptance: bool = False, exact: bool = True,
-                 memory: ControllerMemory | None = None, memory_setup: str = ""):
+                 memory: ControllerMemory | None = None, memory_setup: str = "", reuse_prefix: bool = True):
         self.target = target
         self.tokenizer = tokenizer
         self.proposer = proposer
@@ -97,7 +97,7 @@ class Engine:
         # not computed again (an editor's requests share most of their text). Only where every
         # cached row has the bits a fresh prefill would write (Runner.kv_rows_invariant), so the
         # output never depends on earlier requests
-        self.reuse_prefix = True
+        self.reuse_prefix = reuse_prefix
         self._held: list[int] | None = None  # context whose all-but-last tokens the cache holds
         # controllers start from what earlier processes learned with this setup (memory_setup:
         # target, drafter, dtype, kernels) on this machine, and leave what they learn there

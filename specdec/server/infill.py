@@ -12,6 +12,7 @@ here is fixed: penalties, top-k, top-p, min-p, temperature)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from specdec.errors import SpecdecError
 from specdec.fim import FimPrompt, FimTokens, fim_prompt
@@ -74,14 +75,13 @@ def _response_fields(body: dict) -> list[str] | None:
     return fields
 
 
+@dataclass(frozen=True)
 class InfillRequest:
     """A checked /infill body: the generation request and what the response reports."""
-
-    def __init__(self, req: GenerationRequest, prompt: FimPrompt, n_predict: int, fields: list[str] | None):
-        self.req = req
-        self.prompt = prompt
-        self.n_predict = n_predict
-        self.fields = fields
+    req: GenerationRequest
+    prompt: FimPrompt
+    n_predict: int  # as asked (-1: until the end of the middle)
+    fields: list[str] | None  # response_fields
 
 
 def parse_infill(parser: RequestParser, body: dict, fim: FimTokens | None) -> InfillRequest:
