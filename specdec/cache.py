@@ -6,6 +6,15 @@ from __future__ import annotations
 import torch
 
 
+def shared_prefix(cached: list[int], tokens: list[int], limit: int, start: int = 0) -> int:
+    """How many leading tokens of `cached` equal those of `tokens`, at most limit; start: a length
+    already known to match (prefix reuse and draft-cache syncing share this)."""
+    n = start
+    while n < limit and cached[n] == tokens[n]:
+        n += 1
+    return n
+
+
 def kv_buffers(num_layers: int, shape: tuple[int, ...], dtype: torch.dtype,
                device: torch.device | str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Zeroed key and value buffers, one of `shape` per layer."""

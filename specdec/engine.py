@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.cache import shared_prefix
 from specdec.calibrate import PassCosts, measure_pass_costs
 from specdec.controller import Controller, DraftLengthController, TreeSizeController
 from specdec.controller_memory import ControllerMemory, machine_key
@@ -232,10 +233,7 @@ class Engine:
         if (not self.reuse_prefix or held is None or params.prompt_logprobs is not None or self.needs_hidden
                 or not getattr(self.target, "kv_rows_invariant", False) or self.target.length != len(held) - 1):
             return 0
-        limit, n = min(len(held) - 1, len(prompt_ids) - 1), 0
-        while n < limit and held[n] == prompt_ids[n]:
-            n += 1
-        return n
+        return shared_prefix(held, prompt_ids, min(len(held), len(prompt_ids)) - 1)
 
     def step(self, seq: Sequence) -> StepRecord:
         """One decode step: choose K, draft, verify in one target pass, emit the kept tokens.

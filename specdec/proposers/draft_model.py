@@ -5,6 +5,7 @@ import time
 
 import torch
 
+from specdec.cache import shared_prefix
 from specdec.models.runner import Runner
 from specdec.penalties import TokenHistory, adjust_logits
 from specdec.proposers.base import Proposal
@@ -31,9 +32,7 @@ class DraftModelProposer:
         (Runner.kv_rows_invariant: the drafts, and so the speed, never depend on earlier prompts)."""
         n = 0
         if getattr(self.runner, "kv_rows_invariant", False) and self.runner.length == len(self.cached):
-            limit = min(len(self.cached), len(prompt_ids) - 1)
-            while n < limit and self.cached[n] == prompt_ids[n]:
-                n += 1
+            n = shared_prefix(self.cached, prompt_ids, min(len(self.cached), len(prompt_ids) - 1))
         self.runner.rollback(n)
         self.cached = list(prompt_ids[:-1])
         self.verified = len(self.cached)
@@ -44,10 +43,8 @@ class DraftModelProposer:
         """Roll the draft cache back to its common prefix with context; return what to feed.
         The engine only appends to the context between resets, so the comparison starts after
         the prefix matched last time: O(drafted tokens) per step, not O(context)."""
-        n = min(self.verified, len(context) - 1)
         limit = min(len(self.cached), len(context) - 1)  # always feed at least one token
-        while n < limit and self.cached[n] == context[n]:
-            n += 1
+        n = shared_prefix(self.cached, context, limit, start=min(self.verified, len(context) - 1))
         self.runner.rollback(n)
         del self.cached[n:]
         self.verified = n
