@@ -87,22 +87,29 @@ def test_grouped_products_are_the_quantized_dot_products_and_row_invariant(kind)
         assert g.scale.dtype == torch.int8 and g.nbytes / (45 * 512) <= g.bits / 8 + 0.1
 
 
-@pytest.mark.parametrize("kind,cols", [("Q5_0", 512), ("Q8_0", 96), ("Q6_K", 512)])
+@pytest.mark.parametrize("kind,cols", [("Q5_0", 512), ("Q8_0", 96), ("Q6_K", 512), ("Q5_0", 896), ("Q8_0", 384)])
 def test_a_draft_rounded_to_4_bits_is_within_half_a_step_of_its_weights(kind, cols):
     g = unpack(kind, random_blocks(kind, 40, cols, seed=2), (40, cols))
     small = requantized_4bit(g)
     assert small.bits == 4 and small.shape == g.shape and small.nbytes < 0.7 * g.nbytes
-    assert (small.scale_super is not None) == (cols % 256 == 0)  # two levels of scales where K allows
+    # two levels of scales where K allows: superblocks of 256, else of 128 (Qwen 0.5B's 896)
+    assert (small.scale_super is not None) == (cols % 128 == 0)
+    if small.scale_super is not None:
+        assert small.scale_super.shape == (40, cols // (256 if cols % 256 == 0 else 128))
+        assert small.nbytes / (40 * cols) <= 0.625
     w, w4 = g.dequantized().reshape(40, -1, 32), small.dequantized().reshape(40, -1, 32)
     step = small.group_scales()[0].abs()  # each group's stored step
     err = (w - w4).abs().amax(-1)
     assert bool((err <= step / 2 * (1 + 1e-4) + 1e-7).all())
-    if build.load() is not None:  # and the kernel multiplies it like any 4-bit format
-        x = torch.randn(3, cols, generator=torch.Generator().manual_seed(0))
-        block = 256 if small.scale_super is not None else 32
+    if build.load() is not None:  # and the kernel multiplies it like any 4-bit format, each row alone
+        x = torch.randn(7, cols, generator=torch.Generator().manual_seed(0))
+        block = 32 if small.scale_super is None else 256 if cols % 256 == 0 else 128
         reference = F.linear(quantized_activations(x, block), small.dequantized().double())
         scale = float(reference.abs().max())
-        assert torch.allclose(product(small, x).double(), reference, rtol=1e-5, atol=1e-5 * scale)
+        y = product(small, x)
+        assert torch.allclose(y.double(), reference, rtol=1e-5, atol=1e-5 * scale)
+        for m in range(1, 8):
+            assert torch.equal(product(small, x[7 - m:].contiguous()), y[7 - m:]), m
 
 
 def test_a_fused_projection_without_kernels_gives_close_values(monkeypatch):

@@ -53,6 +53,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = N
     return out.view(*x.shape[:-1], N)
 
 
+def super_width(K: int) -> int:
+    """Inputs a superblock of two-level scales spans: 256 (the K-quants') where K allows, else
+    128 (a 0.5B Qwen's 896 = 7 x 128); rows.cpp's glinear_any reads them so."""
+    return 256 if K % 256 == 0 else 128
+
+
 def linear_grouped(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
                    group: int, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
                    column: int = 0, bits: int = 8, scale_super: torch.Tensor | None = None,
@@ -61,13 +67,16 @@ def linear_grouped(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, offset
     inputs, x quantized to 8 bits by blocks of 32 as llama.cpp does (rows.cpp): q uint8 [N, K],
     or [N, K / 2] holding 4-bit values (bits=4, groups of 32), or int8 [N, K] without offsets;
     scale and offset float32 [N, K / group] (offset may be None), or int8 times scale_super and
-    offset_super float32 [N, K / 256] (the K-quants' two levels); bias float32 [N]. Written
+    offset_super float32 [N, K / S] (two levels, superblocks of S = 256 where K allows, else 128:
+    super_width); bias float32 [N]. Written
     into out[:, column : column + N] (out [M, >= N], float32 or bfloat16, rows contiguous) when
     given, else into a new [M, N] tensor of x's dtype. None where the kernels do not apply."""
     lib = load()
     if lib is None or x.device.type != "cpu" or x.dtype not in IO_DTYPES or x.dim() != 2 or not x.is_contiguous():
         return None
     N, K = q.shape[0], q.shape[1] * (8 // bits)
+    if scale_super is not None and scale_super.shape != (N, K // super_width(K)):
+        return None  # another superblock width than the kernel's rule
     if out is None:
         out, column = torch.empty(x.shape[0], N, dtype=x.dtype), 0
     if out.dtype not in IO_DTYPES or out.stride(1) != 1:

@@ -152,7 +152,8 @@ void linear_any(const void* x, int x_bf16, const void* w, const float* scale, co
 // 32), and each row of x quantized to 8 bits by blocks of 32 (x ~ xq * dx, dx = max|x| / 127, the
 // rounding to nearest even), so that a block's products are integer dot products:
 //   y[m, n] = sum_b (dot(q, xq)_b * scale * dx_b) + sum_g offset_g * dx * sum(xq)_g (+ bias);
-// the K-quants (two levels of scales) by blocks of 256 instead, summed in integers (ktile).
+// the K-quants (two levels of scales) by superblocks of 256 instead (128 where K is not a multiple of 256:
+// a draft's 4-bit rounding, gguf_blocks.requantized_4bit), summed in integers (ktile).
 // q is stored unsigned (4-bit: two a byte, byte j of a block holding value j in its low nibble and
 // value j + 16 in its high one; or one a byte), or signed one a byte (SIGNED: Q8_0). A row's
 // quantization and sums depend on that row only, in a fixed order: batch-invariant as above.
@@ -240,26 +241,32 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {  // fixed orde
     return s;
 }
 
-// A group's scale and offset: float32 per group (one level: qtile), or (TWO) an int8 per group
-// times a float32 per 256 inputs, the K-quants' own two levels (d * sc, -dmin * m), which ktile
-// reads (1-2 bytes a group instead of 4-8).
+// A group's scale and offset: float32 per group (one level: qtile), or an int8 per group times a
+// float32 per superblock of S inputs (S = 256: the K-quants' own two levels, d * sc and -dmin * m;
+// S = 128 where K is not a multiple of 256), which ktile reads (1-2 bytes a group instead of 4-8).
 struct GroupScales {
     const void* scale;
     const void* offset;  // null: no offsets
-    const float* scale_super;  // TWO: [N, K / 256]
+    const float* scale_super;  // two levels: [N, K / S]
     const float* offset_super;
 };
 
-// sum over a row's groups of offset * sums (two levels), 8 lanes in a fixed order
-template <int G>
+// sum over a row's groups of offset * sums (two levels), 8 lanes in a fixed order, then the tail
+// (K = 896 in superblocks of 128: 28 groups of 32)
+template <int G, int S>
 inline float offset_dot_two(const int8_t* o, const float* sup, const float* sums, int64_t KG) {
+    constexpr int PS = S / G;  // groups a superblock: 4, 8 or 16
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < KG; i += 8) {  // KG is a multiple of 256 / G, itself of 8
-        const __m256 ov = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(o + i)))),
-                                        _mm256_set1_ps(sup[i / (256 / G)]));
+    int64_t i = 0;
+    for (; i + 8 <= KG; i += 8) {
+        const __m256 sv = PS >= 8 ? _mm256_set1_ps(sup[i / PS])
+                                  : _mm256_set_m128(_mm_set1_ps(sup[i / PS + 1]), _mm_set1_ps(sup[i / PS]));
+        const __m256 ov = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(o + i)))), sv);
         acc = _mm256_fmadd_ps(ov, _mm256_loadu_ps(sums + i), acc);
     }
-    return hsum(acc);
+    float v = hsum(acc);
+    for (; i < KG; ++i) v = fmaf(float(o[i]) * sup[i / PS], sums[i], v);
+    return v;
 }
 
 template <int G, bool NIB, bool SIGNED, bool OFF, int R, int C, class Y>
@@ -298,19 +305,31 @@ inline void qtile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t
         }
 }
 
-// The K-quants (TWO): x quantized per superblock of 256, so a superblock's products are summed
+// Two levels: x quantized per superblock of S (256 or 128), so a superblock's products are summed
 // in integers, each block's pair sums weighted by its groups' int8 scales (madd_epi16), and
 // enter float32 once per superblock times scale_super * dx, as llama.cpp's K-quant dot products
 // do. Exact integers: values below 64 (Q4_K, Q5_K, Q6_K) keep a pair of products within int16,
 // and 8 blocks' weighted sums within int32.
 
-// the 256 / G int8 scales of a superblock as int16, arranged for block_scales: G = 32, the 8 in
+// the S / G int8 scales of a superblock as int16, arranged for block_scales: G = 32, the 8 (or 4) in
 // each 128-bit lane; G = 16, the even groups' in the low lane and the odd ones' in the high lane
-template <int G>
+// (loads of exactly S / G bytes: a row's last superblock ends its buffer)
+template <int G, int S>
 inline __m256i superblock_scales(const int8_t* sc) {
-    if (G == 32) return _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)sc)));
-    const __m128i split = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)sc),
-                                           _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+    constexpr int n = S / G;
+    __m128i bytes;
+    if (n == 4) {
+        int32_t v;
+        memcpy(&v, sc, 4);
+        bytes = _mm_cvtsi32_si128(v);
+    } else if (n == 8) {
+        bytes = _mm_loadl_epi64((const __m128i*)sc);
+    } else {
+        bytes = _mm_loadu_si128((const __m128i*)sc);
+    }
+    if (G == 32) return _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(bytes));
+    // S = 128: 8 scales, the even ones to bytes 0-3 and the odd ones to bytes 8-11
+    const __m128i split = _mm_shuffle_epi8(bytes, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
     return _mm256_cvtepi8_epi16(split);
 }
 
@@ -320,10 +339,10 @@ inline __m256i block_scales(__m256i s, int j) {
     return _mm256_shuffle_epi8(s, _mm256_set1_epi16(int16_t((2 * j) | ((2 * j + 1) << 8))));
 }
 
-template <int G, bool NIB, bool OFF, int R, int C, class Y>
+template <int G, int S, bool NIB, bool OFF, int R, int C, class Y>
 inline void ktile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t ldw, const GroupScales& gs,
                   int64_t n, int64_t K, Y* y, int64_t ldy, const float* bias) {
-    const int64_t KG = K / G, KS = K / 256, BB = NIB ? 16 : 32;  // bytes of a block of 32
+    const int64_t KG = K / G, KS = K / S, BB = NIB ? 16 : 32;  // bytes of a block of 32
     const int8_t* sc = static_cast<const int8_t*>(gs.scale) + n * KG;
     const int8_t* off = OFF ? static_cast<const int8_t*>(gs.offset) + n * KG : nullptr;
     const float* ssup = gs.scale_super + n * KS;
@@ -333,11 +352,11 @@ inline void ktile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t
         for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
     for (int64_t s = 0; s < KS; ++s) {
         __m256i scales[C], isum[R][C];
-        for (int c = 0; c < C; ++c) scales[c] = superblock_scales<G>(sc + c * KG + s * (256 / G));
+        for (int c = 0; c < C; ++c) scales[c] = superblock_scales<G, S>(sc + c * KG + s * (S / G));
         for (int r = 0; r < R; ++r)
             for (int c = 0; c < C; ++c) isum[r][c] = _mm256_setzero_si256();
-        for (int j = 0; j < 8; ++j) {
-            const int64_t b = s * 8 + j;
+        for (int j = 0; j < S / 32; ++j) {
+            const int64_t b = s * (S / 32) + j;
             if ((b * BB) % 64 == 0)  // the next tile's rows, a tile ahead: short rows defeat the hardware prefetcher
                 for (int c = 0; c < C; ++c) _mm_prefetch((const char*)(w + (c + C) * ldw + b * BB), _MM_HINT_T0);
             __m256i wv[C], sv[C];
@@ -361,21 +380,21 @@ inline void ktile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) {
             float v = hsum(acc[r][c]);
-            if (OFF) v += offset_dot_two<G>(off + c * KG, osup + c * KS, xr.sums.data() + (m0 + r) * KG, KG);
+            if (OFF) v += offset_dot_two<G, S>(off + c * KG, osup + c * KS, xr.sums.data() + (m0 + r) * KG, KG);
             if (bias) v += bias[n + c];
             store(y + r * ldy + c, v);
         }
 }
 
-template <int G, bool NIB, bool SIGNED, bool OFF, bool TWO, int R, class Y>
+template <int G, bool NIB, bool SIGNED, bool OFF, int S, int R, class Y>
 inline void qrows_block(const QuantizedRows& xr, int64_t m0, const uint8_t* w, const GroupScales& gs, int64_t K,
                         Y* y, int64_t ldy, int64_t n0, int64_t n1, const float* bias) {
     constexpr int C = R == 1 ? 4 : R == 2 ? 3 : 2;  // R x C accumulators beside the blocks and scales
     const int64_t ldw = NIB ? K / 2 : K;
     int64_t n = n0;
-    if constexpr (TWO) {
-        for (; n + C <= n1; n += C) ktile<G, NIB, OFF, R, C>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
-        for (; n < n1; ++n) ktile<G, NIB, OFF, R, 1>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
+    if constexpr (S > 0) {
+        for (; n + C <= n1; n += C) ktile<G, S, NIB, OFF, R, C>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
+        for (; n < n1; ++n) ktile<G, S, NIB, OFF, R, 1>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
         return;
     }
     for (; n + C <= n1; n += C)
@@ -384,24 +403,23 @@ inline void qrows_block(const QuantizedRows& xr, int64_t m0, const uint8_t* w, c
 }
 
 // x [M, K] (float32 or bfloat16), y rows of stride ldy (a fused projection's part writes its
-// columns of the whole output)
-template <int G, bool NIB, bool SIGNED, bool OFF, bool TWO, class Y>
+// columns of the whole output); S: the superblock of two-level scales, 0 for one level
+template <int G, bool NIB, bool SIGNED, bool OFF, int S, class Y>
 void glinear(const void* x, bool x_bf16, const uint8_t* w, const GroupScales& gs, const float* bias, Y* y,
              int64_t ldy, int64_t M, int64_t N, int64_t K) {
     QuantizedRows xr;
-    if (TWO) quantize_rows<256>(x, x_bf16, M, K, G, xr);
-    else quantize_rows<32>(x, x_bf16, M, K, G, xr);
+    quantize_rows<(S > 0 ? S : 32)>(x, x_bf16, M, K, G, xr);
     const int64_t blocks = (N + NB - 1) / NB;
     #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * NB, n1 = std::min(N, n0 + NB);
         int64_t m = 0;
         for (; m + 4 <= M; m += 4)
-            qrows_block<G, NIB, SIGNED, OFF, TWO, 4>(xr, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias);
+            qrows_block<G, NIB, SIGNED, OFF, S, 4>(xr, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias);
         switch (M - m) {
-            case 3: qrows_block<G, NIB, SIGNED, OFF, TWO, 3>(xr, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
-            case 2: qrows_block<G, NIB, SIGNED, OFF, TWO, 2>(xr, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
-            case 1: qrows_block<G, NIB, SIGNED, OFF, TWO, 1>(xr, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 3: qrows_block<G, NIB, SIGNED, OFF, S, 3>(xr, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 2: qrows_block<G, NIB, SIGNED, OFF, S, 2>(xr, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 1: qrows_block<G, NIB, SIGNED, OFF, S, 1>(xr, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
             default: break;
         }
     }
@@ -409,26 +427,32 @@ void glinear(const void* x, bool x_bf16, const uint8_t* w, const GroupScales& gs
 
 // The layouts models/gguf_blocks.py produces: 4-bit unsigned with offsets (groups of 32), 8-bit
 // unsigned with offsets (groups of 16 or 32), 8-bit signed without (Q8_0); scales of one level,
-// or two (K-quants: K a multiple of 256). 1 for anything else.
+// or two: by superblocks of 256 (K-quants), or of 128 where K is not a multiple of 256 (4-bit in
+// groups of 32 only). 1 for anything else.
 template <class Y>
 int glinear_any(const void* x, bool x_bf16, const uint8_t* w, int bits, int is_signed, const GroupScales& gs,
                 int64_t G, const float* bias, Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
     const bool two = gs.scale_super != nullptr, off = gs.offset != nullptr;
-    if (K % 32 || (G != 16 && G != 32) || (two && (K % 256 || (off && !gs.offset_super)))) return 1;
+    if (K % 32 || (G != 16 && G != 32) || (two && (K % 128 || (off && !gs.offset_super)))) return 1;
+    if (two && K % 256) {
+        if (bits != 4 || G != 32 || !off || is_signed) return 1;
+        glinear<32, true, false, true, 128>(x, x_bf16, w, gs, bias, y, ldy, M, N, K);
+        return 0;
+    }
     if (is_signed) {
         if (bits != 8 || off || two || G != 32) return 1;
-        glinear<32, false, true, false, false>(x, x_bf16, w, gs, bias, y, ldy, M, N, K);
+        glinear<32, false, true, false, 0>(x, x_bf16, w, gs, bias, y, ldy, M, N, K);
         return 0;
     }
     if (!off) return 1;
     const int key = (bits == 4) * 4 + (G == 16) * 2 + two;
     switch (key) {
-        case 4: glinear<32, true, false, true, false>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
-        case 5: glinear<32, true, false, true, true>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
-        case 0: glinear<32, false, false, true, false>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
-        case 1: glinear<32, false, false, true, true>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
-        case 2: glinear<16, false, false, true, false>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
-        case 3: glinear<16, false, false, true, true>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
+        case 4: glinear<32, true, false, true, 0>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
+        case 5: glinear<32, true, false, true, 256>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
+        case 0: glinear<32, false, false, true, 0>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
+        case 1: glinear<32, false, false, true, 256>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
+        case 2: glinear<16, false, false, true, 0>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
+        case 3: glinear<16, false, false, true, 256>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
         default: return 1;  // 4-bit in groups of 16
     }
 }
@@ -656,7 +680,7 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
 
 extern "C" {
 
-int specdec_kernels_version() { return 5; }
+int specdec_kernels_version() { return 6; }
 
 // y = x @ w.T (times scale, plus bias: both optional, float32 [N]); x and y float32 or bfloat16
 void linear_bf16(const void* x, int x_bf16, const uint16_t* w, const float* bias, void* y, int y_bf16,

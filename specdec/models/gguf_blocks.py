@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.kernels.invariant import super_width
 
 # format: (values per block, bytes per block)
 BLOCK_SIZES = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
@@ -33,8 +34,8 @@ class Grouped:
     or int8 [N, K] without offsets (Q8_0). Signed formats are stored shifted, their offset
     taking the shift back: (q + 16) * d - 16 * d, both products exact in float32. The K-quants
     keep their two levels of scales: scale and offset int8 [N, K / group] times scale_super and
-    offset_super float32 [N, K / 256] (Q6_K's offset is its scale times -32 * d: the same int8
-    tensor)."""
+    offset_super float32 [N, K / S] for superblocks of S = super_width(K) inputs (Q6_K's offset
+    is its scale times -32 * d: the same int8 tensor)."""
     q: torch.Tensor
     scale: torch.Tensor  # float32 [N, K / group], or int8 with scale_super
     offset: torch.Tensor | None  # float32 [N, K / group], or int8 with offset_super
@@ -48,7 +49,8 @@ class Grouped:
         def level(t, sup):
             if t is None or sup is None:
                 return None if t is None else t[rows]
-            return t[rows].to(torch.float32) * sup[rows].repeat_interleave(256 // self.group, dim=-1)
+            return t[rows].to(torch.float32) * sup[rows].repeat_interleave(super_width(self.shape[1]) // self.group,
+                                                                           dim=-1)
         return level(self.scale, self.scale_super), level(self.offset, self.offset_super)
 
     @property
@@ -194,19 +196,20 @@ def unpack(kind: str, data: np.ndarray, shape: tuple[int, int], rows_per_call: i
 
 
 def requantized_4bit(g: Grouped, rows_per_call: int = 4096) -> Grouped:
-    """g's weights rounded to 4 bits by groups of 32, with a scale and an offset a group: two levels
-    of them where K is a multiple of 256 (int8 a group times float32 per 256 inputs, as Q4_K:
-    ~0.59 bytes a weight), else float32 ones (as Q4_1 with wider scales: 0.75), against 1.25 for
-    a one-value-a-byte format (Q5_0, Q8_0) unpacked here. For a draft model, whose rounding only
-    moves its proposals: verification keeps the output exact."""
+    """g's weights rounded to 4 bits by groups of 32, with a scale and an offset a group in two
+    levels where K is a multiple of 128 (int8 a group times float32 per superblock of
+    super_width(K), as Q4_K: ~0.59 bytes a weight), else float32 ones (as Q4_1 with wider
+    scales: 0.75), against 1.25 for a one-value-a-byte format (Q5_0, Q8_0) unpacked here. For a
+    draft model, whose rounding only moves its proposals: verification keeps the output exact."""
     N, K = g.shape
     if K % 32:
         raise ValueError("4-bit groups of 32 need K a multiple of 32")
-    two = K % 256 == 0
+    two = K % 128 == 0
+    S = super_width(K)
     q = torch.empty(N, K // 2, dtype=torch.uint8)
     scale = torch.empty(N, K // 32, dtype=torch.int8 if two else torch.float32)
     offset = torch.empty_like(scale)
-    scale_super, offset_super = (torch.empty(N, K // 256), torch.empty(N, K // 256)) if two else (None, None)
+    scale_super, offset_super = (torch.empty(N, K // S), torch.empty(N, K // S)) if two else (None, None)
     for start in range(0, N, rows_per_call):
         rows = slice(start, min(N, start + rows_per_call))
         w = g.dequantized(rows).reshape(-1, K // 32, 32)
@@ -214,7 +217,7 @@ def requantized_4bit(g: Grouped, rows_per_call: int = 4096) -> Grouped:
         d, m = (high - low) / 15, low
         if two:  # int8 factors of a float32 per superblock, the offset rounded down and the step
             # up, so that the 16 levels still span the group: every weight within half a step
-            supers = (-1, K // 256, 8)
+            supers = (-1, K // S, S // 32)
             osup = low.reshape(supers).abs().amax(-1, keepdim=True) / 127
             of = torch.where(osup > 0, low.reshape(supers) / osup, 0).floor().clamp(-127, 127)
             m = (of * osup).reshape(low.shape)
