@@ -177,8 +177,10 @@ inline int hsum_i32(__m256i v) {
 
 // dx = max|x| / 127 per block of QB (32, or 256 for the K-quants' superblocks, as llama.cpp's
 // Q8_0 and Q8_K); xq = x / dx rounded to nearest even (the default rounding mode of the
-// conversion), in [-127, 127]; sums[g] = dx * sum of group g's xq
-template <int QB>
+// conversion), in [-127, 127]; sums[g] = dx * sum of group g's xq. PAIRS: each 64 values stored
+// as the 4-bit weights' two blocks come from one 32-byte load (ktile4): values 0-15 of both
+// blocks, then 16-31 of both.
+template <int QB, bool PAIRS = false>
 inline void quantize_rows(const void* x, bool bf16, int64_t M, int64_t K, int64_t G, QuantizedRows& out) {
     const int64_t KB = K / QB;
     out.q.resize(M * K);
@@ -203,7 +205,13 @@ inline void quantize_rows(const void* x, bool bf16, int64_t M, int64_t K, int64_
                 const __m256i p16a = _mm256_packs_epi32(qi[0], qi[1]), p16b = _mm256_packs_epi32(qi[2], qi[3]);
                 const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
                                                                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-                _mm256_storeu_si256((__m256i*)(out.q.data() + at + c), p8);
+                if (PAIRS) {
+                    const int64_t h = (c / 32) % 2, pair = at + c - 32 * h;
+                    _mm_storeu_si128((__m128i*)(out.q.data() + pair + 16 * h), _mm256_castsi256_si128(p8));
+                    _mm_storeu_si128((__m128i*)(out.q.data() + pair + 32 + 16 * h), _mm256_extracti128_si256(p8, 1));
+                } else {
+                    _mm256_storeu_si256((__m256i*)(out.q.data() + at + c), p8);
+                }
                 const int lo = hsum_i32(_mm256_add_epi32(qi[0], qi[1])), hi = hsum_i32(_mm256_add_epi32(qi[2], qi[3]));
                 const int64_t g = (at + c) / G;  // the first group of these 32 values (rows of K / G groups)
                 if (G == 32) out.sums[g] = d * float(lo + hi);
@@ -386,13 +394,81 @@ inline void ktile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t
         }
 }
 
+// 4-bit two-level weights in groups of 32, two blocks at a time: one 32-byte load holds blocks
+// b and b + 1 (16 bytes each), its low nibbles their values 0-15 and its high nibbles 16-31,
+// against x stored in that order (quantize_rows PAIRS). Each half's pair sums (at most 2 * 15 *
+// 127 each) add in int16 before the one multiply by the blocks' scales (low 128-bit lane block
+// b's, high lane b + 1's). The integer sums are exact, so the order of their additions does not
+// change a bit: the float32 steps are ktile's.
+template <int S, int R, int C, class Y>
+inline void ktile4(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t ldw, const GroupScales& gs,
+                   int64_t n, int64_t K, Y* y, int64_t ldy, const float* bias) {
+    constexpr int G = 32;
+    const int64_t KG = K / G, KS = K / S;
+    const int8_t* sc = static_cast<const int8_t*>(gs.scale) + n * KG;
+    const int8_t* off = static_cast<const int8_t*>(gs.offset) + n * KG;
+    const float* ssup = gs.scale_super + n * KS;
+    const float* osup = gs.offset_super + n * KS;
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    __m256 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < KS; ++s) {
+        __m256i scales[C], isum[R][C];
+        for (int c = 0; c < C; ++c) scales[c] = superblock_scales<G, S>(sc + c * KG + s * (S / G));
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) isum[r][c] = _mm256_setzero_si256();
+        for (int j = 0; j < S / 64; ++j) {
+            const int64_t at = s * S + 64 * j;  // the pair's first input; its weights' bytes at / 2
+            if (j % 2 == 0)  // the next tile's rows, a tile ahead: short rows defeat the hardware prefetcher
+                for (int c = 0; c < C; ++c) _mm_prefetch((const char*)(w + (c + C) * ldw + at / 2), _MM_HINT_T0);
+            const __m256i pick = _mm256_set_m128i(_mm_set1_epi16(int16_t((4 * j + 2) | ((4 * j + 3) << 8))),
+                                                  _mm_set1_epi16(int16_t((4 * j) | ((4 * j + 1) << 8))));
+            __m256i lo[C], hi[C], sv[C];
+            for (int c = 0; c < C; ++c) {
+                const __m256i bytes = _mm256_loadu_si256((const __m256i*)(w + c * ldw + at / 2));
+                lo[c] = _mm256_and_si256(bytes, mask);
+                hi[c] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+                sv[c] = _mm256_shuffle_epi8(scales[c], pick);
+            }
+            for (int r = 0; r < R; ++r) {
+                const int8_t* xq = xr.q.data() + (m0 + r) * K + at;
+                const __m256i xlo = _mm256_loadu_si256((const __m256i*)xq), xhi = _mm256_loadu_si256((const __m256i*)(xq + 32));
+                for (int c = 0; c < C; ++c) {
+                    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[c], xlo), _mm256_maddubs_epi16(hi[c], xhi));
+                    isum[r][c] = _mm256_add_epi32(isum[r][c], _mm256_madd_epi16(pairs, sv[c]));
+                }
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            const float dx = xr.d[(m0 + r) * KS + s];
+            for (int c = 0; c < C; ++c)
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][c]), _mm256_set1_ps(ssup[c * KS + s] * dx),
+                                            acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) {
+            float v = hsum(acc[r][c]);
+            v += offset_dot_two<G, S>(off + c * KG, osup + c * KS, xr.sums.data() + (m0 + r) * KG, KG);
+            if (bias) v += bias[n + c];
+            store(y + r * ldy + c, v);
+        }
+}
+
 template <int G, bool NIB, bool SIGNED, bool OFF, int S, int R, class Y>
 inline void qrows_block(const QuantizedRows& xr, int64_t m0, const uint8_t* w, const GroupScales& gs, int64_t K,
                         Y* y, int64_t ldy, int64_t n0, int64_t n1, const float* bias) {
-    constexpr int C = R == 1 ? 4 : R == 2 ? 3 : 2;  // R x C accumulators beside the blocks and scales
+    // R x C accumulators with the blocks and scales within 16 registers (measured: two-level
+    // R 4 x C 2 spills; one level as before)
+    constexpr int C = S > 0 ? (R == 1 ? 4 : R == 2 ? 2 : 1) : (R == 1 ? 4 : R == 2 ? 3 : 2);
     const int64_t ldw = NIB ? K / 2 : K;
     int64_t n = n0;
-    if constexpr (S > 0) {
+    if constexpr (S > 0 && NIB) {
+        for (; n + C <= n1; n += C) ktile4<S, R, C>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
+        for (; n < n1; ++n) ktile4<S, R, 1>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
+        return;
+    } else if constexpr (S > 0) {
         for (; n + C <= n1; n += C) ktile<G, S, NIB, OFF, R, C>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
         for (; n < n1; ++n) ktile<G, S, NIB, OFF, R, 1>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
         return;
@@ -408,7 +484,7 @@ template <int G, bool NIB, bool SIGNED, bool OFF, int S, class Y>
 void glinear(const void* x, bool x_bf16, const uint8_t* w, const GroupScales& gs, const float* bias, Y* y,
              int64_t ldy, int64_t M, int64_t N, int64_t K) {
     QuantizedRows xr;
-    quantize_rows<(S > 0 ? S : 32)>(x, x_bf16, M, K, G, xr);
+    quantize_rows<(S > 0 ? S : 32), (S > 0 && NIB)>(x, x_bf16, M, K, G, xr);
     const int64_t blocks = (N + NB - 1) / NB;
     #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
