@@ -347,6 +347,30 @@ inline __m256i block_scales(__m256i s, int j) {
     return _mm256_shuffle_epi8(s, _mm256_set1_epi16(int16_t((2 * j) | ((2 * j + 1) << 8))));
 }
 
+// a superblock's integer sums into the float32 accumulators, times its scale and the row's dx
+template <int R, int C>
+inline void add_superblock(__m256 (&acc)[R][C], const __m256i (&isum)[R][C], const QuantizedRows& xr, int64_t m0,
+                           int64_t KS, int64_t s, const float* ssup) {
+    for (int r = 0; r < R; ++r) {
+        const float dx = xr.d[(m0 + r) * KS + s];
+        for (int c = 0; c < C; ++c)
+            acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][c]), _mm256_set1_ps(ssup[c * KS + s] * dx), acc[r][c]);
+    }
+}
+
+// the tile's sums, plus the offsets' and the bias, each rounded once to y
+template <int G, int S, bool OFF, int R, int C, class Y>
+inline void store_tile(const __m256 (&acc)[R][C], const QuantizedRows& xr, int64_t m0, const int8_t* off,
+                       const float* osup, int64_t KG, int64_t KS, int64_t n, const float* bias, Y* y, int64_t ldy) {
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) {
+            float v = hsum(acc[r][c]);
+            if (OFF) v += offset_dot_two<G, S>(off + c * KG, osup + c * KS, xr.sums.data() + (m0 + r) * KG, KG);
+            if (bias) v += bias[n + c];
+            store(y + r * ldy + c, v);
+        }
+}
+
 template <int G, int S, bool NIB, bool OFF, int R, int C, class Y>
 inline void ktile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t ldw, const GroupScales& gs,
                   int64_t n, int64_t K, Y* y, int64_t ldy, const float* bias) {
@@ -378,20 +402,9 @@ inline void ktile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t
                     isum[r][c] = _mm256_add_epi32(isum[r][c], _mm256_madd_epi16(_mm256_maddubs_epi16(wv[c], xv), sv[c]));
             }
         }
-        for (int r = 0; r < R; ++r) {
-            const float dx = xr.d[(m0 + r) * KS + s];
-            for (int c = 0; c < C; ++c)
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][c]), _mm256_set1_ps(ssup[c * KS + s] * dx),
-                                            acc[r][c]);
-        }
+        add_superblock<R, C>(acc, isum, xr, m0, KS, s, ssup);
     }
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) {
-            float v = hsum(acc[r][c]);
-            if (OFF) v += offset_dot_two<G, S>(off + c * KG, osup + c * KS, xr.sums.data() + (m0 + r) * KG, KG);
-            if (bias) v += bias[n + c];
-            store(y + r * ldy + c, v);
-        }
+    store_tile<G, S, OFF, R, C>(acc, xr, m0, off, osup, KG, KS, n, bias, y, ldy);
 }
 
 // 4-bit two-level weights in groups of 32, two blocks at a time: one 32-byte load holds blocks
@@ -440,20 +453,9 @@ inline void ktile4(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_
                 }
             }
         }
-        for (int r = 0; r < R; ++r) {
-            const float dx = xr.d[(m0 + r) * KS + s];
-            for (int c = 0; c < C; ++c)
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][c]), _mm256_set1_ps(ssup[c * KS + s] * dx),
-                                            acc[r][c]);
-        }
+        add_superblock<R, C>(acc, isum, xr, m0, KS, s, ssup);
     }
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) {
-            float v = hsum(acc[r][c]);
-            v += offset_dot_two<G, S>(off + c * KG, osup + c * KS, xr.sums.data() + (m0 + r) * KG, KG);
-            if (bias) v += bias[n + c];
-            store(y + r * ldy + c, v);
-        }
+    store_tile<G, S, true, R, C>(acc, xr, m0, off, osup, KG, KS, n, bias, y, ldy);
 }
 
 template <int G, bool NIB, bool SIGNED, bool OFF, int S, int R, class Y>
