@@ -125,6 +125,24 @@ def draft_to_4bit(runner, on: bool | None) -> None:
         requantize_to_4bit(runner.model)
 
 
+def cut_draft_head(runner, tokenizer, rows: int) -> None:
+    """A GGUF draft's output head cut to its `rows` most frequent tokens (draft_vocab.py; 0: the
+    whole vocabulary): a cheaper draft pass; lossless, as any draft. Off by default: the
+    frequencies are counted on Python code, and a prompt in another language (Chinese: 15% of
+    its tokens among a 32k cut) would lose most of its drafts."""
+    from specdec.draft_vocab import frequent_tokens
+    from specdec.models.subset_head import restrict_head
+
+    grouped = isinstance(getattr(getattr(runner, "model", None), "lm_head", None), GroupedLinear)
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+        raise SpecdecError(f"draft_vocab must be a whole number of tokens (0: all), got {rows!r}")
+    if rows == 0 or rows >= runner.vocab_size:
+        return
+    if not grouped:
+        raise SpecdecError("--draft-vocab needs a draft model on a GGUF's own blocks (--quantize gguf)")
+    restrict_head(runner.model, frequent_tokens(tokenizer, runner.vocab_size, rows))
+
+
 def _check_draft_tokens(name: str, k: int | None) -> None:
     if k is None:
         return
@@ -258,7 +276,8 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
          tree_nodes: int | None = None, typical_acceptance: bool = False, calibrate: bool = True,
          exact: bool | None = None, quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE,
          cross_vocab: str = "auto", pack: bool = True, compile: bool = False,
-         memory: bool | str | Path = True, draft_4bit: bool | None = None, reuse_prefix: bool = True) -> SpecDecoder:
+         memory: bool | str | Path = True, draft_4bit: bool | None = None, reuse_prefix: bool = True,
+         draft_vocab: int = 0) -> SpecDecoder:
     """Load a target (None = the bundled model) and, for method='draft', a draft model
     (None = the bundled draft when the target is bundled); for 'medusa'/'eagle', `draft` is
     the head folder. draft_tokens fixes K (chain) or the tree size; by default they adapt per
@@ -289,7 +308,10 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     drafts on a GGUF's blocks): a cheaper draft pass, lossless as any draft. reuse_prefix=True keeps
     the cache entries of a prompt's leading tokens that the previous generation left (an editor's
     requests share most of their text) where they are bit for bit what a fresh prefill writes
-    (models on a GGUF's blocks): the output is the same either way, only the prefill is shorter."""
+    (models on a GGUF's blocks): the output is the same either way, only the prefill is shorter.
+    draft_vocab: a GGUF draft's output head cut to that many of its most frequent tokens
+    (draft_vocab.py; 0: all): a cheaper draft pass, whose distribution is its softmax over those
+    tokens; lossless, as any draft."""
     if method not in METHODS:
         raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if cross_vocab not in CROSS_VOCAB_MODES:
@@ -325,6 +347,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
                                f"target's {target_runner.vocab_size} although their tokenizers are the same")
         else:
             draft_to_4bit(draft_runner, draft_4bit)
+            cut_draft_head(draft_runner, draft_tokenizer.tok, draft_vocab)
             proposer = DraftModelProposer(draft_runner)
     elif method == "ngram":
         proposer = PromptLookupProposer()
@@ -345,7 +368,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     # the setup a controller's learned acceptance and costs belong to (plus machine and sampling)
     setup = (f"{_where(target_path)}|{method}|{_where(draft_path)}|{dtype}|{backend}|"
              f"exact={exact}|{quantize}/{group_size}|pack={pack}|compile={compile}|{cross_vocab}|"
-             f"nodes={tree_nodes}|max_k={max_draft_tokens}")
+             f"nodes={tree_nodes}|max_k={max_draft_tokens}|draft_vocab={draft_vocab}")
     engine = Engine(target_runner, tokenizer, proposer, method, target_eos,
                     max_draft_tokens=draft_tokens or max_draft_tokens, fixed_draft_tokens=draft_tokens,
                     typical_acceptance=typical_acceptance, exact=exact,

@@ -51,6 +51,10 @@ def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHOD
     p.add_argument("--draft-4bit", action=argparse.BooleanOptionalAction, default=None,
                    help="round a GGUF draft's one-value-a-byte projections (Q5_0, Q8_0, Q6_K) to 4 bits: a "
                         "cheaper draft pass (default on for GGUF drafts); lossless")
+    p.add_argument("--draft-vocab", type=int, default=0, metavar="N",
+                   help="cut a GGUF draft's output head to its N most frequent tokens in Python code (0, the "
+                        "default: all): a cheaper draft pass (Qwen 0.5B, 32768: 17 vs 20.5 ms a drafted token); "
+                        "lossless; for code, not for prompts in other languages")
     add_quantize_args(p)
     p.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
                    help="projection weights packed once for oneDNN's matmul: 1.2-1.3x faster decoding on CPU "
@@ -167,7 +171,8 @@ def load_decoder(args: argparse.Namespace, **overrides) -> SpecDecoder:
                    tree_nodes=args.tree_nodes, typical_acceptance=args.typical_acceptance, exact=args.exact,
                    quantize=args.quantize, group_size=args.group_size, cross_vocab=getattr(args, "cross_vocab", "auto"),
                    pack=getattr(args, "pack", True), compile=getattr(args, "compile", False),
-                   memory=getattr(args, "memory", True), draft_4bit=getattr(args, "draft_4bit", None))
+                   memory=getattr(args, "memory", True), draft_4bit=getattr(args, "draft_4bit", None),
+                   draft_vocab=getattr(args, "draft_vocab", 0))
     options.update(overrides)
     return load(**options)
 
