@@ -126,11 +126,11 @@ def draft_to_4bit(runner, on: bool | None) -> None:
 
 
 def cut_draft_head(runner, tokenizer, rows: int) -> None:
-    """A GGUF draft's output head cut to its `rows` most frequent tokens (draft_vocab.py; 0: the
+    """A GGUF draft's output head cut to its `rows` most frequent tokens (frequent_tokens.py; 0: the
     whole vocabulary): a cheaper draft pass; lossless, as any draft. Off by default: the
     frequencies are counted on Python code, and a prompt in another language (Chinese: 15% of
     its tokens among a 32k cut) would lose most of its drafts."""
-    from specdec.draft_vocab import frequent_tokens
+    from specdec.frequent_tokens import frequent_tokens
     from specdec.models.subset_head import restrict_head
 
     grouped = isinstance(getattr(getattr(runner, "model", None), "lm_head", None), GroupedLinear)
@@ -310,7 +310,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, meth
     requests share most of their text) where they are bit for bit what a fresh prefill writes
     (models on a GGUF's blocks): the output is the same either way, only the prefill is shorter.
     draft_vocab: a GGUF draft's output head cut to that many of its most frequent tokens
-    (draft_vocab.py; 0: all): a cheaper draft pass, whose distribution is its softmax over those
+    (frequent_tokens.py; 0: all): a cheaper draft pass, whose distribution is its softmax over those
     tokens; lossless, as any draft."""
     if method not in METHODS:
         raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")

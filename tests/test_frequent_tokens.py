@@ -1,4 +1,4 @@
-"""A draft model's output head cut to its most frequent tokens (draft_vocab.py, models/subset_head.py)."""
+"""A draft model's output head cut to its most frequent tokens (frequent_tokens.py, models/subset_head.py)."""
 from collections import Counter
 from pathlib import Path
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import specdec
-import specdec.draft_vocab as draft_vocab
+import specdec.frequent_tokens as draft_vocab
 from specdec.api import load_runner
 from specdec.errors import SpecdecError
 from specdec.models.subset_head import SubsetHead, restrict_head
