@@ -178,7 +178,7 @@ inline int hsum_i32(__m256i v) {
 // dx = max|x| / 127 per block of QB (32, or 256 for the K-quants' superblocks, as llama.cpp's
 // Q8_0 and Q8_K); xq = x / dx rounded to nearest even (the default rounding mode of the
 // conversion), in [-127, 127]; sums[g] = dx * sum of group g's xq. PAIRS: each 64 values stored
-// as the 4-bit weights' two blocks come from one 32-byte load (ktile4): values 0-15 of both
+// as the 4-bit weights' two blocks come from one 32-byte load (ktile): values 0-15 of both
 // blocks, then 16-31 of both.
 template <int QB, bool PAIRS = false>
 inline void quantize_rows(const void* x, bool bf16, int64_t M, int64_t K, int64_t G, QuantizedRows& out) {
@@ -371,57 +371,21 @@ inline void store_tile(const __m256 (&acc)[R][C], const QuantizedRows& xr, int64
         }
 }
 
+// 4-bit weights (NIB, groups of 32) go two blocks at a time: one 32-byte load holds blocks b and
+// b + 1 (16 bytes each), its low nibbles their values 0-15 and its high nibbles 16-31, against x
+// stored in that order (quantize_rows PAIRS); each half's pair sums (at most 2 * 15 * 127) add in
+// int16 before the one multiply by the blocks' scales (low 128-bit lane block b's, high lane
+// b + 1's). One value a byte (Q6_K's 8-bit values, groups of 16 or 32): a block at a time. The
+// integer sums are exact, so the order of their additions does not change a bit.
 template <int G, int S, bool NIB, bool OFF, int R, int C, class Y>
 inline void ktile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t ldw, const GroupScales& gs,
                   int64_t n, int64_t K, Y* y, int64_t ldy, const float* bias) {
-    const int64_t KG = K / G, KS = K / S, BB = NIB ? 16 : 32;  // bytes of a block of 32
+    static_assert(!NIB || G == 32, "4-bit weights come in groups of 32");
+    const int64_t KG = K / G, KS = K / S;
     const int8_t* sc = static_cast<const int8_t*>(gs.scale) + n * KG;
     const int8_t* off = OFF ? static_cast<const int8_t*>(gs.offset) + n * KG : nullptr;
     const float* ssup = gs.scale_super + n * KS;
     const float* osup = OFF ? gs.offset_super + n * KS : nullptr;
-    __m256 acc[R][C];
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t s = 0; s < KS; ++s) {
-        __m256i scales[C], isum[R][C];
-        for (int c = 0; c < C; ++c) scales[c] = superblock_scales<G, S>(sc + c * KG + s * (S / G));
-        for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) isum[r][c] = _mm256_setzero_si256();
-        for (int j = 0; j < S / 32; ++j) {
-            const int64_t b = s * (S / 32) + j;
-            if ((b * BB) % 64 == 0)  // the next tile's rows, a tile ahead: short rows defeat the hardware prefetcher
-                for (int c = 0; c < C; ++c) _mm_prefetch((const char*)(w + (c + C) * ldw + b * BB), _MM_HINT_T0);
-            __m256i wv[C], sv[C];
-            for (int c = 0; c < C; ++c) {
-                wv[c] = load_block<NIB>(w + c * ldw + b * BB);
-                sv[c] = block_scales(scales[c], j);
-            }
-            for (int r = 0; r < R; ++r) {
-                const __m256i xv = _mm256_loadu_si256((const __m256i*)(xr.q.data() + (m0 + r) * K + b * 32));
-                for (int c = 0; c < C; ++c)
-                    isum[r][c] = _mm256_add_epi32(isum[r][c], _mm256_madd_epi16(_mm256_maddubs_epi16(wv[c], xv), sv[c]));
-            }
-        }
-        add_superblock<R, C>(acc, isum, xr, m0, KS, s, ssup);
-    }
-    store_tile<G, S, OFF, R, C>(acc, xr, m0, off, osup, KG, KS, n, bias, y, ldy);
-}
-
-// 4-bit two-level weights in groups of 32, two blocks at a time: one 32-byte load holds blocks
-// b and b + 1 (16 bytes each), its low nibbles their values 0-15 and its high nibbles 16-31,
-// against x stored in that order (quantize_rows PAIRS). Each half's pair sums (at most 2 * 15 *
-// 127 each) add in int16 before the one multiply by the blocks' scales (low 128-bit lane block
-// b's, high lane b + 1's). The integer sums are exact, so the order of their additions does not
-// change a bit: the float32 steps are ktile's.
-template <int S, int R, int C, class Y>
-inline void ktile4(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t ldw, const GroupScales& gs,
-                   int64_t n, int64_t K, Y* y, int64_t ldy, const float* bias) {
-    constexpr int G = 32;
-    const int64_t KG = K / G, KS = K / S;
-    const int8_t* sc = static_cast<const int8_t*>(gs.scale) + n * KG;
-    const int8_t* off = static_cast<const int8_t*>(gs.offset) + n * KG;
-    const float* ssup = gs.scale_super + n * KS;
-    const float* osup = gs.offset_super + n * KS;
     const __m256i mask = _mm256_set1_epi8(0x0F);
     __m256 acc[R][C];
     for (int r = 0; r < R; ++r)
@@ -431,31 +395,51 @@ inline void ktile4(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_
         for (int c = 0; c < C; ++c) scales[c] = superblock_scales<G, S>(sc + c * KG + s * (S / G));
         for (int r = 0; r < R; ++r)
             for (int c = 0; c < C; ++c) isum[r][c] = _mm256_setzero_si256();
-        for (int j = 0; j < S / 64; ++j) {
-            const int64_t at = s * S + 64 * j;  // the pair's first input; its weights' bytes at / 2
-            if (j % 2 == 0)  // the next tile's rows, a tile ahead: short rows defeat the hardware prefetcher
-                for (int c = 0; c < C; ++c) _mm_prefetch((const char*)(w + (c + C) * ldw + at / 2), _MM_HINT_T0);
-            const __m256i pick = _mm256_set_m128i(_mm_set1_epi16(int16_t((4 * j + 2) | ((4 * j + 3) << 8))),
-                                                  _mm_set1_epi16(int16_t((4 * j) | ((4 * j + 1) << 8))));
-            __m256i lo[C], hi[C], sv[C];
-            for (int c = 0; c < C; ++c) {
-                const __m256i bytes = _mm256_loadu_si256((const __m256i*)(w + c * ldw + at / 2));
-                lo[c] = _mm256_and_si256(bytes, mask);
-                hi[c] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
-                sv[c] = _mm256_shuffle_epi8(scales[c], pick);
-            }
-            for (int r = 0; r < R; ++r) {
-                const int8_t* xq = xr.q.data() + (m0 + r) * K + at;
-                const __m256i xlo = _mm256_loadu_si256((const __m256i*)xq), xhi = _mm256_loadu_si256((const __m256i*)(xq + 32));
+        if constexpr (NIB) {
+            for (int j = 0; j < S / 64; ++j) {  // a block pair: 64 inputs, 32 weight bytes
+                const int64_t at = s * S + 64 * j;
+                if (j % 2 == 0)  // the next tile's rows, a tile ahead: short rows defeat the hardware prefetcher
+                    for (int c = 0; c < C; ++c) _mm_prefetch((const char*)(w + (c + C) * ldw + at / 2), _MM_HINT_T0);
+                const __m256i pick = _mm256_set_m128i(_mm_set1_epi16(int16_t((4 * j + 2) | ((4 * j + 3) << 8))),
+                                                      _mm_set1_epi16(int16_t((4 * j) | ((4 * j + 1) << 8))));
+                __m256i lo[C], hi[C], sv[C];
                 for (int c = 0; c < C; ++c) {
-                    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[c], xlo), _mm256_maddubs_epi16(hi[c], xhi));
-                    isum[r][c] = _mm256_add_epi32(isum[r][c], _mm256_madd_epi16(pairs, sv[c]));
+                    const __m256i bytes = _mm256_loadu_si256((const __m256i*)(w + c * ldw + at / 2));
+                    lo[c] = _mm256_and_si256(bytes, mask);
+                    hi[c] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+                    sv[c] = _mm256_shuffle_epi8(scales[c], pick);
+                }
+                for (int r = 0; r < R; ++r) {
+                    const int8_t* xq = xr.q.data() + (m0 + r) * K + at;
+                    const __m256i xlo = _mm256_loadu_si256((const __m256i*)xq);
+                    const __m256i xhi = _mm256_loadu_si256((const __m256i*)(xq + 32));
+                    for (int c = 0; c < C; ++c) {
+                        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[c], xlo),
+                                                               _mm256_maddubs_epi16(hi[c], xhi));
+                        isum[r][c] = _mm256_add_epi32(isum[r][c], _mm256_madd_epi16(pairs, sv[c]));
+                    }
+                }
+            }
+        } else {
+            for (int j = 0; j < S / 32; ++j) {  // a block: 32 inputs, 32 weight bytes
+                const int64_t b = s * (S / 32) + j;
+                if (j % 2 == 0)
+                    for (int c = 0; c < C; ++c) _mm_prefetch((const char*)(w + (c + C) * ldw + b * 32), _MM_HINT_T0);
+                __m256i wv[C], sv[C];
+                for (int c = 0; c < C; ++c) {
+                    wv[c] = _mm256_loadu_si256((const __m256i*)(w + c * ldw + b * 32));
+                    sv[c] = block_scales(scales[c], j);
+                }
+                for (int r = 0; r < R; ++r) {
+                    const __m256i xv = _mm256_loadu_si256((const __m256i*)(xr.q.data() + (m0 + r) * K + b * 32));
+                    for (int c = 0; c < C; ++c)
+                        isum[r][c] = _mm256_add_epi32(isum[r][c], _mm256_madd_epi16(_mm256_maddubs_epi16(wv[c], xv), sv[c]));
                 }
             }
         }
         add_superblock<R, C>(acc, isum, xr, m0, KS, s, ssup);
     }
-    store_tile<G, S, true, R, C>(acc, xr, m0, off, osup, KG, KS, n, bias, y, ldy);
+    store_tile<G, S, OFF, R, C>(acc, xr, m0, off, osup, KG, KS, n, bias, y, ldy);
 }
 
 template <int G, bool NIB, bool SIGNED, bool OFF, int S, int R, class Y>
@@ -466,11 +450,7 @@ inline void qrows_block(const QuantizedRows& xr, int64_t m0, const uint8_t* w, c
     constexpr int C = S > 0 ? (R == 1 ? 4 : R == 2 ? 2 : 1) : (R == 1 ? 4 : R == 2 ? 3 : 2);
     const int64_t ldw = NIB ? K / 2 : K;
     int64_t n = n0;
-    if constexpr (S > 0 && NIB) {
-        for (; n + C <= n1; n += C) ktile4<S, R, C>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
-        for (; n < n1; ++n) ktile4<S, R, 1>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
-        return;
-    } else if constexpr (S > 0) {
+    if constexpr (S > 0) {
         for (; n + C <= n1; n += C) ktile<G, S, NIB, OFF, R, C>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
         for (; n < n1; ++n) ktile<G, S, NIB, OFF, R, 1>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
         return;
