@@ -153,15 +153,16 @@ void linear_any(const void* x, int x_bf16, const void* w, const float* scale, co
 // rounding to nearest even), so that a block's products are integer dot products:
 //   y[m, n] = sum_b (dot(q, xq)_b * scale * dx_b) + sum_g offset_g * dx * sum(xq)_g (+ bias);
 // the K-quants (two levels of scales) by superblocks of 256 instead (128 where K is not a multiple of 256:
-// a draft's 4-bit rounding, gguf_blocks.requantized_4bit), summed in integers (ktile).
+// a draft's 4-bit rounding, gguf_blocks.requantized_4bit), summed in integers, offsets too (ktile).
 // q is stored unsigned (4-bit: two a byte, byte j of a block holding value j in its low nibble and
 // value j + 16 in its high one; or one a byte), or signed one a byte (SIGNED: Q8_0). A row's
 // quantization and sums depend on that row only, in a fixed order: batch-invariant as above.
 
 struct QuantizedRows {  // x quantized per row and block of 32 (or 256), with each group's sum of values
-    std::vector<int8_t> q;  // [M, K]
-    std::vector<float> d;  // [M, K / 32] (or K / 256)
-    std::vector<float> sums;  // [M, K / G]: dx * sum of the group's quantized values
+    std::vector<int8_t> q;  // [M, K], or superblock-major [K / QB, M, QB] (SUPER)
+    std::vector<float> d;  // [M, K / 32], or [K / QB, M] (SUPER)
+    std::vector<float> sums;  // [M, K / G]: dx * sum of the group's quantized values (one level)
+    std::vector<int16_t> group_sums;  // SUPER: [K / QB, M, QB / G], each group's sum of quantized values
 };
 
 inline __m256 load_x8(const void* x, bool bf16, int64_t i) {
@@ -179,24 +180,26 @@ inline int hsum_i32(__m256i v) {
 // Q8_0 and Q8_K); xq = x / dx rounded to nearest even (the default rounding mode of the
 // conversion), in [-127, 127]; sums[g] = dx * sum of group g's xq. PAIRS: each 64 values stored
 // as the 4-bit weights' two blocks come from one 32-byte load (ktile): values 0-15 of both
-// blocks, then 16-31 of both.
-template <int QB, bool PAIRS = false>
+// blocks, then 16-31 of both. SUPER: blocks stored superblock-major (block b of every row, then
+// block b + 1), so a tile's rows sit at fixed offsets from one pointer (ktile).
+template <int QB, bool PAIRS = false, bool SUPER = false>
 inline void quantize_rows(const void* x, bool bf16, int64_t M, int64_t K, int64_t G, QuantizedRows& out) {
     const int64_t KB = K / QB;
     out.q.resize(M * K);
     out.d.resize(M * KB);
-    out.sums.resize(M * (K / G));
+    if (SUPER) out.group_sums.resize(M * (K / G));
+    else out.sums.resize(M * (K / G));
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t m = 0; m < M; ++m)
         for (int64_t b = 0; b < KB; ++b) {
-            const int64_t at = m * K + b * QB;
+            const int64_t at = m * K + b * QB, to = SUPER ? (b * M + m) * QB : at;
             __m256 amax = _mm256_setzero_ps();
             for (int i = 0; i < QB / 8; ++i) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, load_x8(x, bf16, at + 8 * i)));
             __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
             h = _mm_max_ps(h, _mm_movehl_ps(h, h));
             h = _mm_max_ss(h, _mm_movehdup_ps(h));
             const float d = _mm_cvtss_f32(h) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-            out.d[m * KB + b] = d;
+            out.d[SUPER ? b * M + m : m * KB + b] = d;
             for (int64_t c = 0; c < QB; c += 32) {
                 __m256i qi[4];
                 for (int i = 0; i < 4; ++i)
@@ -206,13 +209,22 @@ inline void quantize_rows(const void* x, bool bf16, int64_t M, int64_t K, int64_
                 const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
                                                                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
                 if (PAIRS) {
-                    const int64_t h = (c / 32) % 2, pair = at + c - 32 * h;
+                    const int64_t h = (c / 32) % 2, pair = to + c - 32 * h;
                     _mm_storeu_si128((__m128i*)(out.q.data() + pair + 16 * h), _mm256_castsi256_si128(p8));
                     _mm_storeu_si128((__m128i*)(out.q.data() + pair + 32 + 16 * h), _mm256_extracti128_si256(p8, 1));
                 } else {
-                    _mm256_storeu_si256((__m256i*)(out.q.data() + at + c), p8);
+                    _mm256_storeu_si256((__m256i*)(out.q.data() + to + c), p8);
                 }
                 const int lo = hsum_i32(_mm256_add_epi32(qi[0], qi[1])), hi = hsum_i32(_mm256_add_epi32(qi[2], qi[3]));
+                if (SUPER) {  // at most 32 x 127: int16
+                    int16_t* gs = out.group_sums.data() + (to + c) / G;
+                    if (G == 32) gs[0] = int16_t(lo + hi);
+                    else {
+                        gs[0] = int16_t(lo);
+                        gs[1] = int16_t(hi);
+                    }
+                    continue;
+                }
                 const int64_t g = (at + c) / G;  // the first group of these 32 values (rows of K / G groups)
                 if (G == 32) out.sums[g] = d * float(lo + hi);
                 else {
@@ -258,24 +270,6 @@ struct GroupScales {
     const float* scale_super;  // two levels: [N, K / S]
     const float* offset_super;
 };
-
-// sum over a row's groups of offset * sums (two levels), 8 lanes in a fixed order, then the tail
-// (K = 896 in superblocks of 128: 28 groups of 32)
-template <int G, int S>
-inline float offset_dot_two(const int8_t* o, const float* sup, const float* sums, int64_t KG) {
-    constexpr int PS = S / G;  // groups a superblock: 4, 8 or 16
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= KG; i += 8) {
-        const __m256 sv = PS >= 8 ? _mm256_set1_ps(sup[i / PS])
-                                  : _mm256_set_m128(_mm_set1_ps(sup[i / PS + 1]), _mm_set1_ps(sup[i / PS]));
-        const __m256 ov = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(o + i)))), sv);
-        acc = _mm256_fmadd_ps(ov, _mm256_loadu_ps(sums + i), acc);
-    }
-    float v = hsum(acc);
-    for (; i < KG; ++i) v = fmaf(float(o[i]) * sup[i / PS], sums[i], v);
-    return v;
-}
 
 template <int G, bool NIB, bool SIGNED, bool OFF, int R, int C, class Y>
 inline void qtile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t ldw, const GroupScales& gs,
@@ -347,28 +341,23 @@ inline __m256i block_scales(__m256i s, int j) {
     return _mm256_shuffle_epi8(s, _mm256_set1_epi16(int16_t((2 * j) | ((2 * j + 1) << 8))));
 }
 
-// a superblock's integer sums into the float32 accumulators, times its scale and the row's dx
-template <int R, int C>
-inline void add_superblock(__m256 (&acc)[R][C], const __m256i (&isum)[R][C], const QuantizedRows& xr, int64_t m0,
-                           int64_t KS, int64_t s, const float* ssup) {
-    for (int r = 0; r < R; ++r) {
-        const float dx = xr.d[(m0 + r) * KS + s];
-        for (int c = 0; c < C; ++c)
-            acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][c]), _mm256_set1_ps(ssup[c * KS + s] * dx), acc[r][c]);
+// a superblock's offsets times its groups' sums of x (int8 x int16 products, pairs summed): the
+// PS = S / G groups' in int32 lanes (the rest zero)
+template <int PS>
+inline __m256i offset_sums(const int8_t* off, const int16_t* xsum) {
+    static_assert(PS == 4 || PS == 8 || PS == 16, "superblocks of 4, 8 or 16 groups");
+    if constexpr (PS == 16) {
+        return _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)off)),
+                                 _mm256_loadu_si256((const __m256i*)xsum));
+    } else if constexpr (PS == 8) {
+        const __m128i o = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)off));
+        return _mm256_set_m128i(_mm_setzero_si128(), _mm_madd_epi16(o, _mm_loadu_si128((const __m128i*)xsum)));
+    } else {
+        int32_t v;
+        memcpy(&v, off, 4);
+        const __m128i o = _mm_cvtepi8_epi16(_mm_cvtsi32_si128(v));
+        return _mm256_set_m128i(_mm_setzero_si128(), _mm_madd_epi16(o, _mm_loadl_epi64((const __m128i*)xsum)));
     }
-}
-
-// the tile's sums, plus the offsets' and the bias, each rounded once to y
-template <int G, int S, bool OFF, int R, int C, class Y>
-inline void store_tile(const __m256 (&acc)[R][C], const QuantizedRows& xr, int64_t m0, const int8_t* off,
-                       const float* osup, int64_t KG, int64_t KS, int64_t n, const float* bias, Y* y, int64_t ldy) {
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) {
-            float v = hsum(acc[r][c]);
-            if (OFF) v += offset_dot_two<G, S>(off + c * KG, osup + c * KS, xr.sums.data() + (m0 + r) * KG, KG);
-            if (bias) v += bias[n + c];
-            store(y + r * ldy + c, v);
-        }
 }
 
 // 4-bit weights (NIB, groups of 32) go two blocks at a time: one 32-byte load holds blocks b and
@@ -376,11 +365,19 @@ inline void store_tile(const __m256 (&acc)[R][C], const QuantizedRows& xr, int64
 // stored in that order (quantize_rows PAIRS); each half's pair sums (at most 2 * 15 * 127) add in
 // int16 before the one multiply by the blocks' scales (low 128-bit lane block b's, high lane
 // b + 1's). One value a byte (Q6_K's 8-bit values, groups of 16 or 32): a block at a time. The
-// integer sums are exact, so the order of their additions does not change a bit.
+// integer sums are exact, so the order of their additions does not change a bit. The offsets
+// (int8 a group) multiply the groups' integer sums of x in the same integers. Then per superblock,
+// in this order for every row and column: acc += sums * (scale_super * dx), acc += offset sums *
+// (offset_super * dx); the lanes added at the end (hsum), plus the bias. x is stored
+// superblock-major (quantize_rows SUPER): the tile's rows are fixed offsets from one pointer, and
+// a column's weights are unpacked once for all the tile's rows, which then read x from L1 (the
+// loop order that keeps the fewest registers live: measured faster than holding all C columns).
 template <int G, int S, bool NIB, bool OFF, int R, int C, class Y>
-inline void ktile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t ldw, const GroupScales& gs,
-                  int64_t n, int64_t K, Y* y, int64_t ldy, const float* bias) {
+inline void ktile(const QuantizedRows& xr, int64_t M, int64_t m0, const uint8_t* w, int64_t ldw,
+                  const GroupScales& gs, int64_t n, int64_t K, Y* y, int64_t ldy, const float* bias) {
     static_assert(!NIB || G == 32, "4-bit weights come in groups of 32");
+    constexpr int64_t WB = NIB ? S / 2 : S;  // weight bytes a superblock
+    constexpr int PS = S / G;  // groups a superblock
     const int64_t KG = K / G, KS = K / S;
     const int8_t* sc = static_cast<const int8_t*>(gs.scale) + n * KG;
     const int8_t* off = OFF ? static_cast<const int8_t*>(gs.offset) + n * KG : nullptr;
@@ -390,60 +387,75 @@ inline void ktile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t
     __m256 acc[R][C];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t s = 0; s < KS; ++s) {
-        __m256i scales[C], isum[R][C];
-        for (int c = 0; c < C; ++c) scales[c] = superblock_scales<G, S>(sc + c * KG + s * (S / G));
+    const int8_t* xs = xr.q.data() + m0 * S;  // superblock s of row m0 + r at xs + s * M * S + r * S
+    for (int64_t s = 0; s < KS; ++s, xs += M * S) {
+        __m256i isum[R][C];
         for (int r = 0; r < R; ++r)
             for (int c = 0; c < C; ++c) isum[r][c] = _mm256_setzero_si256();
-        if constexpr (NIB) {
-            for (int j = 0; j < S / 64; ++j) {  // a block pair: 64 inputs, 32 weight bytes
-                const int64_t at = s * S + 64 * j;
-                if (j % 2 == 0)  // the next tile's rows, a tile ahead: short rows defeat the hardware prefetcher
-                    for (int c = 0; c < C; ++c) _mm_prefetch((const char*)(w + (c + C) * ldw + at / 2), _MM_HINT_T0);
+        __m256i scales[C];
+        for (int c = 0; c < C; ++c) scales[c] = superblock_scales<G, S>(sc + c * KG + s * PS);
+        // column c's step j: its weights unpacked once for the tile's rows, which read x from L1
+        const auto step = [&](int c, int j) {
+            const uint8_t* ws = w + c * ldw + s * WB;
+            // the next tile's rows, a tile ahead: short rows defeat the hardware prefetcher
+            if ((32 * j) % 64 == 0) _mm_prefetch((const char*)(ws + C * ldw + 32 * j), _MM_HINT_T0);
+            if constexpr (NIB) {  // a block pair: 64 inputs, 32 weight bytes
                 const __m256i pick = _mm256_set_m128i(_mm_set1_epi16(int16_t((4 * j + 2) | ((4 * j + 3) << 8))),
                                                       _mm_set1_epi16(int16_t((4 * j) | ((4 * j + 1) << 8))));
-                __m256i lo[C], hi[C], sv[C];
-                for (int c = 0; c < C; ++c) {
-                    const __m256i bytes = _mm256_loadu_si256((const __m256i*)(w + c * ldw + at / 2));
-                    lo[c] = _mm256_and_si256(bytes, mask);
-                    hi[c] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
-                    sv[c] = _mm256_shuffle_epi8(scales[c], pick);
-                }
+                const __m256i bytes = _mm256_loadu_si256((const __m256i*)(ws + 32 * j));
+                const __m256i lo = _mm256_and_si256(bytes, mask);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+                const __m256i sv = _mm256_shuffle_epi8(scales[c], pick);
                 for (int r = 0; r < R; ++r) {
-                    const int8_t* xq = xr.q.data() + (m0 + r) * K + at;
-                    const __m256i xlo = _mm256_loadu_si256((const __m256i*)xq);
-                    const __m256i xhi = _mm256_loadu_si256((const __m256i*)(xq + 32));
-                    for (int c = 0; c < C; ++c) {
-                        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[c], xlo),
-                                                               _mm256_maddubs_epi16(hi[c], xhi));
-                        isum[r][c] = _mm256_add_epi32(isum[r][c], _mm256_madd_epi16(pairs, sv[c]));
-                    }
+                    const int8_t* xq = xs + r * S + 64 * j;
+                    const __m256i pairs = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i*)xq)),
+                        _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i*)(xq + 32))));
+                    isum[r][c] = _mm256_add_epi32(isum[r][c], _mm256_madd_epi16(pairs, sv));
+                }
+            } else {  // a block: 32 inputs, 32 weight bytes
+                const __m256i wv = _mm256_loadu_si256((const __m256i*)(ws + 32 * j));
+                const __m256i sv = block_scales(scales[c], j);
+                for (int r = 0; r < R; ++r) {
+                    const __m256i xv = _mm256_loadu_si256((const __m256i*)(xs + r * S + 32 * j));
+                    isum[r][c] = _mm256_add_epi32(isum[r][c], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), sv));
                 }
             }
+        };
+        constexpr int J = NIB ? S / 64 : S / 32;
+        // one row: the columns' loads side by side (more reads in flight); more rows: a column at a
+        // time (fewer registers live); both measured faster than the other order
+        if constexpr (R == 1) {
+            for (int j = 0; j < J; ++j)
+                for (int c = 0; c < C; ++c) step(c, j);
         } else {
-            for (int j = 0; j < S / 32; ++j) {  // a block: 32 inputs, 32 weight bytes
-                const int64_t b = s * (S / 32) + j;
-                if (j % 2 == 0)
-                    for (int c = 0; c < C; ++c) _mm_prefetch((const char*)(w + (c + C) * ldw + b * 32), _MM_HINT_T0);
-                __m256i wv[C], sv[C];
-                for (int c = 0; c < C; ++c) {
-                    wv[c] = _mm256_loadu_si256((const __m256i*)(w + c * ldw + b * 32));
-                    sv[c] = block_scales(scales[c], j);
-                }
-                for (int r = 0; r < R; ++r) {
-                    const __m256i xv = _mm256_loadu_si256((const __m256i*)(xr.q.data() + (m0 + r) * K + b * 32));
-                    for (int c = 0; c < C; ++c)
-                        isum[r][c] = _mm256_add_epi32(isum[r][c], _mm256_madd_epi16(_mm256_maddubs_epi16(wv[c], xv), sv[c]));
-                }
+            for (int c = 0; c < C; ++c)
+                for (int j = 0; j < J; ++j) step(c, j);
+        }
+        // the superblock's integer sums into the float32 accumulators, times its scales and dx
+        // (broadcasts from memory: load ports, not vector ALUs; each product the one float multiply)
+        for (int r = 0; r < R; ++r) {
+            const __m256 dx = _mm256_broadcast_ss(&xr.d[s * M + m0 + r]);
+            const int16_t* xsum = xr.group_sums.data() + (s * M + m0 + r) * PS;
+            for (int c = 0; c < C; ++c) {
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][c]),
+                                            _mm256_mul_ps(_mm256_broadcast_ss(ssup + c * KS + s), dx), acc[r][c]);
+                if constexpr (OFF)
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(offset_sums<PS>(off + c * KG + s * PS, xsum)),
+                                                _mm256_mul_ps(_mm256_broadcast_ss(osup + c * KS + s), dx), acc[r][c]);
             }
         }
-        add_superblock<R, C>(acc, isum, xr, m0, KS, s, ssup);
     }
-    store_tile<G, S, OFF, R, C>(acc, xr, m0, off, osup, KG, KS, n, bias, y, ldy);
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) {
+            float v = hsum(acc[r][c]);
+            if (bias) v += bias[n + c];
+            store(y + r * ldy + c, v);
+        }
 }
 
 template <int G, bool NIB, bool SIGNED, bool OFF, int S, int R, class Y>
-inline void qrows_block(const QuantizedRows& xr, int64_t m0, const uint8_t* w, const GroupScales& gs, int64_t K,
+inline void qrows_block(const QuantizedRows& xr, int64_t M, int64_t m0, const uint8_t* w, const GroupScales& gs, int64_t K,
                         Y* y, int64_t ldy, int64_t n0, int64_t n1, const float* bias) {
     // R x C accumulators with the blocks and scales within 16 registers (measured: two-level
     // R 4 x C 2 spills; one level as before)
@@ -451,8 +463,8 @@ inline void qrows_block(const QuantizedRows& xr, int64_t m0, const uint8_t* w, c
     const int64_t ldw = NIB ? K / 2 : K;
     int64_t n = n0;
     if constexpr (S > 0) {
-        for (; n + C <= n1; n += C) ktile<G, S, NIB, OFF, R, C>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
-        for (; n < n1; ++n) ktile<G, S, NIB, OFF, R, 1>(xr, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
+        for (; n + C <= n1; n += C) ktile<G, S, NIB, OFF, R, C>(xr, M, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
+        for (; n < n1; ++n) ktile<G, S, NIB, OFF, R, 1>(xr, M, m0, w + n * ldw, ldw, gs, n, K, y + n, ldy, bias);
         return;
     }
     for (; n + C <= n1; n += C)
@@ -466,18 +478,18 @@ template <int G, bool NIB, bool SIGNED, bool OFF, int S, class Y>
 void glinear(const void* x, bool x_bf16, const uint8_t* w, const GroupScales& gs, const float* bias, Y* y,
              int64_t ldy, int64_t M, int64_t N, int64_t K) {
     QuantizedRows xr;
-    quantize_rows<(S > 0 ? S : 32), (S > 0 && NIB)>(x, x_bf16, M, K, G, xr);
+    quantize_rows<(S > 0 ? S : 32), (S > 0 && NIB), (S > 0)>(x, x_bf16, M, K, G, xr);
     const int64_t blocks = (N + NB - 1) / NB;
     #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * NB, n1 = std::min(N, n0 + NB);
         int64_t m = 0;
         for (; m + 4 <= M; m += 4)
-            qrows_block<G, NIB, SIGNED, OFF, S, 4>(xr, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias);
+            qrows_block<G, NIB, SIGNED, OFF, S, 4>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias);
         switch (M - m) {
-            case 3: qrows_block<G, NIB, SIGNED, OFF, S, 3>(xr, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
-            case 2: qrows_block<G, NIB, SIGNED, OFF, S, 2>(xr, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
-            case 1: qrows_block<G, NIB, SIGNED, OFF, S, 1>(xr, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 3: qrows_block<G, NIB, SIGNED, OFF, S, 3>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 2: qrows_block<G, NIB, SIGNED, OFF, S, 2>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
+            case 1: qrows_block<G, NIB, SIGNED, OFF, S, 1>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
             default: break;
         }
     }
@@ -738,7 +750,7 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
 
 extern "C" {
 
-int specdec_kernels_version() { return 6; }
+int specdec_kernels_version() { return 7; }
 
 // y = x @ w.T (times scale, plus bias: both optional, float32 [N]); x and y float32 or bfloat16
 void linear_bf16(const void* x, int x_bf16, const uint16_t* w, const float* bias, void* y, int y_bf16,
