@@ -49,9 +49,9 @@ class TransformersRunner:
 
     @torch.inference_mode()
     def extend(self, ids: list[int], attn_mask=None, positions=None, want_hidden: bool = False,
-               exact: bool = False, want_logits: bool = True) -> torch.Tensor:
+               exact: bool = False, want_logits: bool = True, last_logits: bool = False) -> torch.Tensor:
         """exact is not available here: transformers' kernels decide the reduction order (and
-        the logits are computed whatever want_logits says)."""
+        the logits are computed whatever want_logits and last_logits say)."""
         if attn_mask is not None:
             raise SpecdecError("the transformers backend supports chain decoding only (no tree masks)")
         x = torch.tensor([ids], dtype=torch.long, device=self.model.device)

@@ -381,10 +381,13 @@ class LlamaModel(nn.Module):
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: KVCache | None = None, attn_mask: torch.Tensor | None = None,
-                return_hidden: bool = False, exact: bool = False, want_logits: bool = True):
+                return_hidden: bool = False, exact: bool = False, want_logits: bool = True,
+                last_logits: bool = False):
         """Logits [B, T, V] (and the final-norm hidden states with return_hidden). want_logits=False
         skips the LM head on the eager path (logits None): a prefill needs only the cache, and
-        the head is a fifth of SmolLM2's weights. The compiled graph always includes it."""
+        the head is a fifth of SmolLM2's weights; last_logits runs it over the last row only
+        (logits [B, 1, V]: a draft's catch-up pass needs no more). The compiled graph always
+        includes every row's."""
         past = cache.length if cache is not None else 0
         if self.compiled is not None and use_compiled(ids.shape[1], past, exact, cache, self.device):
             cos, sin, mask, _ = self._pass_inputs(ids, positions, cache, attn_mask, exact)
@@ -392,5 +395,5 @@ class LlamaModel(nn.Module):
             cache.advance(ids.shape[1])
         else:
             h = self.hidden_states(ids, positions, cache, attn_mask, exact)
-            logits = project(self.lm_head, h, exact) if want_logits else None
+            logits = project(self.lm_head, h[:, -1:] if last_logits else h, exact) if want_logits else None
         return (logits, h) if return_hidden else logits

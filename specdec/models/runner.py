@@ -28,11 +28,12 @@ class Runner(Protocol):
 
     def extend(self, ids: list[int], attn_mask: torch.Tensor | None = None,
                positions: torch.Tensor | None = None, want_hidden: bool = False,
-               exact: bool = False, want_logits: bool = True) -> torch.Tensor | None:
+               exact: bool = False, want_logits: bool = True, last_logits: bool = False) -> torch.Tensor | None:
         """Append ids to the cache; return their logits [T, V]. exact: each row's logits do not
         depend on how many rows the pass holds (runners that cannot promise it ignore it).
         want_logits=False: a prefill that needs only the cache; runners may then skip the LM
-        head and return None."""
+        head and return None. last_logits: only the last row's are needed; runners may then
+        return [1, V]."""
 
     def rollback(self, length: int) -> None: ...
 
@@ -91,14 +92,15 @@ class NativeRunner:
     @torch.inference_mode()
     def extend(self, ids: list[int], attn_mask: torch.Tensor | None = None,
                positions: torch.Tensor | None = None, want_hidden: bool = False,
-               exact: bool = False, want_logits: bool = True) -> torch.Tensor | None:
+               exact: bool = False, want_logits: bool = True, last_logits: bool = False) -> torch.Tensor | None:
         """Append ids to the cache; return their logits [T, V] (hidden states in last_hidden);
-        None when not want_logits and the pass ran eagerly (the LM head skipped)."""
+        None when not want_logits and the pass ran eagerly (the LM head skipped); [1, V] with
+        last_logits on the eager path (the head over the last row only)."""
         x = torch.tensor([ids], dtype=torch.long, device=self.model.device)
         if positions is not None:
             positions = positions.to(self.model.device)
         logits, hidden = self.model(x, positions, self.cache, attn_mask, return_hidden=True, exact=exact,
-                                    want_logits=want_logits)
+                                    want_logits=want_logits, last_logits=last_logits)
         self.last_hidden = hidden[0] if want_hidden else None
         return None if logits is None else logits[0]
 

@@ -207,7 +207,7 @@ class CrossVocabProposer:
         return tokens[n:]
 
     def _feed(self, ids: list[int], ends: list[int]) -> torch.Tensor:
-        logits = self.runner.extend(ids)[-1]
+        logits = self.runner.extend(ids, last_logits=True)[-1]
         self.cached.extend(ids)
         self.ends.extend(ends)
         return logits

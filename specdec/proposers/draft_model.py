@@ -66,7 +66,7 @@ class DraftModelProposer:
             sync_seconds = time.perf_counter() - t0
         tokens, rows = [], []
         for i in range(k):
-            logits = self.runner.extend(feed)[-1]
+            logits = self.runner.extend(feed, last_logits=True)[-1]  # a 2-token catch-up needs one row
             self.cached.extend(feed)
             # penalised like the target's row after the same drafts
             penalty_row = history.rows([tokens]) if history is not None else None
