@@ -305,3 +305,19 @@ def test_prefill_without_logits_leaves_the_same_cache():
     runner.reset()
     assert runner.extend(prompt).shape[0] == len(prompt)
     assert torch.equal(runner.extend([7]), skipped)
+
+
+def test_a_pass_asking_for_its_last_row_gets_that_row_alone():
+    """last_logits (a draft's 2-token catch-up pass): the head runs over the last row only, and
+    in exact mode that row's logits are the bits the whole pass gives it."""
+    from specdec.bundled import DEFAULT_TARGET
+    from specdec.models.runner import NativeRunner
+
+    runner = NativeRunner(load_native(DEFAULT_TARGET, "float32"), 64)
+    prompt = list(range(20, 40))
+    runner.extend(prompt, want_logits=False)
+    full = runner.extend([7, 8], exact=True)
+    runner.rollback(len(prompt))
+    last = runner.extend([7, 8], exact=True, last_logits=True)
+    assert last.shape == (1, full.shape[-1]) and torch.equal(last[0], full[-1])
+    assert runner.length == len(prompt) + 2
