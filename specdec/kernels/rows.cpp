@@ -316,19 +316,23 @@ inline void qtile(const QuantizedRows& xr, int64_t m0, const uint8_t* w, int64_t
 // the S / G int8 scales of a superblock as int16, arranged for block_scales: G = 32, the 8 (or 4) in
 // each 128-bit lane; G = 16, the even groups' in the low lane and the odd ones' in the high lane
 // (loads of exactly S / G bytes: a row's last superblock ends its buffer)
+template <int N>
+inline __m128i load_bytes(const int8_t* p) {  // exactly N = 4, 8 or 16 bytes, in the low lanes
+    static_assert(N == 4 || N == 8 || N == 16, "superblocks of 4, 8 or 16 groups");
+    if constexpr (N == 4) {
+        int32_t v;
+        memcpy(&v, p, 4);
+        return _mm_cvtsi32_si128(v);
+    } else if constexpr (N == 8) {
+        return _mm_loadl_epi64((const __m128i*)p);
+    } else {
+        return _mm_loadu_si128((const __m128i*)p);
+    }
+}
+
 template <int G, int S>
 inline __m256i superblock_scales(const int8_t* sc) {
-    constexpr int n = S / G;
-    __m128i bytes;
-    if (n == 4) {
-        int32_t v;
-        memcpy(&v, sc, 4);
-        bytes = _mm_cvtsi32_si128(v);
-    } else if (n == 8) {
-        bytes = _mm_loadl_epi64((const __m128i*)sc);
-    } else {
-        bytes = _mm_loadu_si128((const __m128i*)sc);
-    }
+    const __m128i bytes = load_bytes<S / G>(sc);
     if (G == 32) return _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(bytes));
     // S = 128: 8 scales, the even ones to bytes 0-3 and the odd ones to bytes 8-11
     const __m128i split = _mm_shuffle_epi8(bytes, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
@@ -345,19 +349,11 @@ inline __m256i block_scales(__m256i s, int j) {
 // PS = S / G groups' in int32 lanes (the rest zero)
 template <int PS>
 inline __m256i offset_sums(const int8_t* off, const int16_t* xsum) {
-    static_assert(PS == 4 || PS == 8 || PS == 16, "superblocks of 4, 8 or 16 groups");
-    if constexpr (PS == 16) {
-        return _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)off)),
-                                 _mm256_loadu_si256((const __m256i*)xsum));
-    } else if constexpr (PS == 8) {
-        const __m128i o = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)off));
-        return _mm256_set_m128i(_mm_setzero_si128(), _mm_madd_epi16(o, _mm_loadu_si128((const __m128i*)xsum)));
-    } else {
-        int32_t v;
-        memcpy(&v, off, 4);
-        const __m128i o = _mm_cvtepi8_epi16(_mm_cvtsi32_si128(v));
-        return _mm256_set_m128i(_mm_setzero_si128(), _mm_madd_epi16(o, _mm_loadl_epi64((const __m128i*)xsum)));
-    }
+    const __m128i o = load_bytes<PS>(off);
+    if constexpr (PS == 16)
+        return _mm256_madd_epi16(_mm256_cvtepi8_epi16(o), _mm256_loadu_si256((const __m256i*)xsum));
+    const __m128i x = PS == 8 ? _mm_loadu_si128((const __m128i*)xsum) : _mm_loadl_epi64((const __m128i*)xsum);
+    return _mm256_set_m128i(_mm_setzero_si128(), _mm_madd_epi16(_mm_cvtepi8_epi16(o), x));
 }
 
 // 4-bit weights (NIB, groups of 32) go two blocks at a time: one 32-byte load holds blocks b and
@@ -433,7 +429,6 @@ inline void ktile(const QuantizedRows& xr, int64_t M, int64_t m0, const uint8_t*
                 for (int j = 0; j < J; ++j) step(c, j);
         }
         // the superblock's integer sums into the float32 accumulators, times its scales and dx
-        // (broadcasts from memory: load ports, not vector ALUs; each product the one float multiply)
         for (int r = 0; r < R; ++r) {
             const __m256 dx = _mm256_broadcast_ss(&xr.d[s * M + m0 + r]);
             const int16_t* xsum = xr.group_sums.data() + (s * M + m0 + r) * PS;
