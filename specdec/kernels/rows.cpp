@@ -479,22 +479,25 @@ void glinear(const void* x, bool x_bf16, const uint8_t* w, const GroupScales& gs
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * NB, n1 = std::min(N, n0 + NB);
         int64_t m = 0;
-        // two levels: tiles of 7 rows, then a last 5-7 rows in one tile (a 4-6-token verify pass
-        // plus one), as the weights' unpacking is shared by more rows (measured: 7-row tiles 1.04-1.1x
-        // faster than 4-row ones at 12-265 rows, 6 rows the same as 7, 8 rows not faster than 4;
-        // 5-7 rows in one tile 1.12-1.18x faster than 4 and then 1-3)
-        if constexpr (S > 0)
-            for (; m + 7 < M; m += 7) qrows_block<G, NIB, SIGNED, OFF, S, 7>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias);
-        for (; m + 4 <= M && !(S > 0 && M - m >= 5 && M - m <= 7); m += 4)
-            qrows_block<G, NIB, SIGNED, OFF, S, 4>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias);
         if constexpr (S > 0) {
+            // two levels: tiles of 7 rows, then the last 1-7 rows in one tile (a verify pass is
+            // often 5-7), as the weights' unpacking is shared by more rows (measured: 7-row tiles
+            // 1.04-1.1x faster than 4-row ones at 12-265 rows, 6 rows the same as 7, 8 not faster
+            // than two of 4; 5-7 rows in one tile 1.12-1.18x faster than 4 and then 1-3)
+            for (; m + 7 < M; m += 7) qrows_block<G, NIB, SIGNED, OFF, S, 7>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias);
             switch (M - m) {
-                case 7: qrows_block<G, NIB, SIGNED, OFF, S, 7>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); continue;
-                case 6: qrows_block<G, NIB, SIGNED, OFF, S, 6>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); continue;
-                case 5: qrows_block<G, NIB, SIGNED, OFF, S, 5>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); continue;
+                case 7: qrows_block<G, NIB, SIGNED, OFF, S, 7>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
+                case 6: qrows_block<G, NIB, SIGNED, OFF, S, 6>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
+                case 5: qrows_block<G, NIB, SIGNED, OFF, S, 5>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
+                case 4: qrows_block<G, NIB, SIGNED, OFF, S, 4>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
+                case 3: qrows_block<G, NIB, SIGNED, OFF, S, 3>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
+                case 2: qrows_block<G, NIB, SIGNED, OFF, S, 2>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
+                case 1: qrows_block<G, NIB, SIGNED, OFF, S, 1>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
                 default: break;
             }
+            continue;
         }
+        for (; m + 4 <= M; m += 4) qrows_block<G, NIB, SIGNED, OFF, S, 4>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias);
         switch (M - m) {
             case 3: qrows_block<G, NIB, SIGNED, OFF, S, 3>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
             case 2: qrows_block<G, NIB, SIGNED, OFF, S, 2>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
