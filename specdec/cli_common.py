@@ -164,8 +164,9 @@ def sampling(args: argparse.Namespace) -> dict:
                 repetition_penalty=args.repetition_penalty, grammar=grammar(args))
 
 
-def load_decoder(args: argparse.Namespace, **overrides) -> SpecDecoder:
-    """specdec.load() with the options of add_model_args; `overrides` replace any of them."""
+def load_options(args: argparse.Namespace, **overrides) -> dict:
+    """specdec.load()'s keyword arguments from the options of add_model_args; `overrides` replace any
+    of them (a plain dict: `serve --ray` sends it to the replicas, which load the model themselves)."""
     options = dict(target=args.target, draft=args.draft, method=args.method, dtype=args.dtype,
                    backend=args.backend, draft_tokens=args.draft_tokens, max_draft_tokens=args.max_draft_tokens,
                    tree_nodes=args.tree_nodes, typical_acceptance=args.typical_acceptance, exact=args.exact,
@@ -174,7 +175,12 @@ def load_decoder(args: argparse.Namespace, **overrides) -> SpecDecoder:
                    memory=getattr(args, "memory", True), draft_4bit=getattr(args, "draft_4bit", None),
                    draft_vocab=getattr(args, "draft_vocab", 0))
     options.update(overrides)
-    return load(**options)
+    return options
+
+
+def load_decoder(args: argparse.Namespace, **overrides) -> SpecDecoder:
+    """specdec.load() with the options of add_model_args; `overrides` replace any of them."""
+    return load(**load_options(args, **overrides))
 
 
 def check_at_least(value, flag: str, low: int, strict: bool = False) -> None:

@@ -17,6 +17,7 @@ EXTRAS = {
     "server": ("fastapi", "uvicorn", "prometheus_client", "jinja2", "llguidance"),
     "chat": ("jinja2",),
     "grammar": ("llguidance",),
+    "ray": ("ray",),
 }
 
 

@@ -31,16 +31,19 @@ log = logging.getLogger("specdec.server")
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/infill", "/v1/models", "/health",
              "/metrics")
+REPLICA_HEADER = b"x-specdec-replica"
 METHODS = ("GET", "POST", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 class Gateway:
-    """Pure ASGI middleware (safe for streaming): API key check and request metrics."""
+    """Pure ASGI middleware (safe for streaming): API key check, request metrics, and on a replica
+    of several the X-Specdec-Replica header on every response."""
 
     def __init__(self, app, settings: ServerSettings, metrics: Metrics):
         self.app = app
         self.api_key = settings.api_key.encode() if settings.api_key else None
         self.metrics = metrics
+        self.replica_header = (REPLICA_HEADER, settings.replica_id.encode()) if settings.replica_id else None
 
     def _authorized(self, scope) -> bool | None:
         """None when no key was sent, else whether it is the right one."""
@@ -68,6 +71,8 @@ class Gateway:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                if self.replica_header:
+                    message = dict(message, headers=[*message.get("headers", ()), self.replica_header])
             await send(message)
 
         try:

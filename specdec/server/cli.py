@@ -9,7 +9,14 @@ import signal
 import sys
 import threading
 
-from specdec.cli_common import add_model_args, add_threads_arg, apply_threads, check_at_least, load_decoder
+from specdec.cli_common import (
+    add_model_args,
+    add_threads_arg,
+    apply_threads,
+    check_at_least,
+    load_decoder,
+    load_options,
+)
 from specdec.errors import SpecdecError
 from specdec.extras import require
 
@@ -38,6 +45,21 @@ def add_parser(sub) -> None:
     s.add_argument("--model-name", default=None,
                    help="model id clients use (default: the target folder's name)")
     add_threads_arg(s)
+    r = s.add_argument_group("scale-out on Ray Serve (the `ray` extra)")
+    r.add_argument("--ray", action="store_true",
+                   help="serve the same API from several replicas on a Ray cluster, each loading the model and "
+                        "running its own engine with --threads threads (default 1); Ray's proxy listens on "
+                        "--host/--port and spreads requests over the replicas")
+    r.add_argument("--replicas", type=int, default=None, help="--ray: how many replicas (default 1)")
+    r.add_argument("--autoscale", default=None, metavar="MIN,MAX",
+                   help="--ray: between MIN and MAX replicas, one more when the replicas hold more requests "
+                        "than their batches (--max-batch) take")
+    r.add_argument("--ray-address", default=None,
+                   help="--ray: the cluster to deploy on (ray://HEAD:10001, or 'auto' for a cluster started "
+                        "with `ray start` on this machine; default $RAY_ADDRESS, else a local one started here)")
+    r.add_argument("--drain-timeout", type=float, default=120.0,
+                   help="--ray: seconds a replica leaving (scale-down, stop) may take to finish its requests "
+                        "(default 120)")
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     s.set_defaults(func=cmd_serve)
 
@@ -57,6 +79,30 @@ def check_args(args) -> None:
         raise SpecdecError("--model-name must not be empty")
     if args.api_key is not None and not args.api_key:
         raise SpecdecError("--api-key must not be empty")
+    if not args.ray:
+        for flag, value in (("--replicas", args.replicas), ("--autoscale", args.autoscale),
+                            ("--ray-address", args.ray_address)):
+            if value is not None:
+                raise SpecdecError(f"{flag} needs --ray")
+        return
+    if args.replicas is not None and args.autoscale is not None:
+        raise SpecdecError("--replicas and --autoscale exclude each other: a fixed count or a range")
+    if args.replicas is not None:
+        check_at_least(args.replicas, "--replicas", 1)
+    if args.compile:
+        raise SpecdecError("--compile is not supported with --ray (each replica would compile for minutes)")
+    if not args.drain_timeout > 0:
+        raise SpecdecError(f"--drain-timeout must be > 0 seconds, got {args.drain_timeout}")
+
+
+def ray_scaling(args):
+    from specdec.server.ray_serve import Scaling, parse_autoscale
+
+    low = high = None
+    if args.autoscale is not None:
+        low, high = parse_autoscale(args.autoscale)
+    return Scaling(replicas=args.replicas or 1, min_replicas=low, max_replicas=high, threads=args.threads or 1,
+                   drain_s=args.drain_timeout)
 
 
 def cmd_serve(args) -> int:
@@ -64,18 +110,24 @@ def cmd_serve(args) -> int:
     apply_threads(args)
     for module in ("fastapi", "uvicorn", "prometheus_client", "jinja2"):
         require(module, "server", "the server")
-    import uvicorn
-
     from specdec.server.app import ServerSettings, create_app
 
     api_key = args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
-    decoder = load_decoder(args, max_len=args.max_len)
     settings = ServerSettings(model_name=args.model_name, api_key=api_key, max_queue=args.max_queue,
                               max_tokens_limit=args.max_tokens_limit, max_batch=args.max_batch,
                               engine_thread=False)
-    app = create_app(decoder, settings)
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"specdec: warning: listening on {args.host} without an API key (--api-key)", file=sys.stderr)
+    if args.ray:
+        from specdec.server import ray_serve
+
+        require("ray.serve", "ray", "specdec serve --ray")
+        return ray_serve.run(load_options(args, max_len=args.max_len), settings, ray_scaling(args), args.host,
+                             args.port, address=args.ray_address)
+    import uvicorn
+
+    decoder = load_decoder(args, max_len=args.max_len)
+    app = create_app(decoder, settings)
     print(f"specdec: serving {app.state.served_name!r} (method={decoder.method}) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr)
     return serve_in_main_thread(app, uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))

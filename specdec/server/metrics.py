@@ -23,7 +23,9 @@ Speculative decoding, named like vLLM's, from finished choices:
   specdec:spec_decode_num_accepted_tokens_total         accepted drafted tokens
   specdec:spec_decode_num_accepted_tokens_per_pos_total{position="i"}
                                                         steps whose draft at 0-based position i
-                                                        was accepted"""
+                                                        was accepted
+  specdec:replica_info{replica}                         1, on a replica of `serve --ray`: which replica's
+                                                        registry this is"""
 from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -45,8 +47,11 @@ def accepted_per_position(histogram: list[int]) -> list[int]:
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, max_positions: int = 0):
+    def __init__(self, max_positions: int = 0, replica_id: str | None = None):
         r = self.registry = CollectorRegistry()
+        if replica_id is not None:
+            Gauge("specdec:replica_info", "The replica whose metrics these are (serve --ray)", ["replica"],
+                  registry=r).labels(replica=replica_id).set(1)
         self.http_requests = Counter("specdec:http_requests", "HTTP requests answered",
                                      ["endpoint", "method", "status"], registry=r)
         self.http_latency = Histogram("specdec:http_request_duration_seconds",

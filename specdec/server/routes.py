@@ -127,7 +127,10 @@ async def health(request: Request):
     state = server_state(request)
     if not state.worker.alive:
         raise ApiError(503, "the engine worker is not running", code="worker_down")
-    return {"status": "ok", "model": state.served_name}
+    health = {"status": "ok", "model": state.served_name}
+    if state.settings.replica_id:
+        health["replica"] = state.settings.replica_id
+    return health
 
 
 @router.get("/metrics")

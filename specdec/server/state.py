@@ -23,6 +23,7 @@ class ServerSettings:
     max_body_bytes: int = MAX_BODY_BYTES
     max_batch: int = 1  # > 1: continuous batching of up to this many sequences (BatchEngine)
     engine_thread: bool = True  # False: the caller runs the engine loop (EngineWorker.run_here)
+    replica_id: str | None = None  # one of several replicas (Ray Serve): sent as X-Specdec-Replica
 
 
 @dataclass
@@ -38,7 +39,7 @@ class ServerState:
     @classmethod
     def build(cls, decoder: SpecDecoder, settings: ServerSettings) -> ServerState:
         served_name = settings.model_name or decoder.target_path.name
-        metrics = Metrics(max_positions=decoder.max_draft_tokens)
+        metrics = Metrics(max_positions=decoder.max_draft_tokens, replica_id=settings.replica_id)
         worker = EngineWorker(decoder, settings.max_queue, metrics, settings.max_batch, settings.engine_thread)
         parser = RequestParser(decoder, served_name, settings.max_tokens_limit,
                                ChatTemplate.from_tokenizer_config(decoder.tokenizer.config))

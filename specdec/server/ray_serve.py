@@ -1,0 +1,130 @@
+"""`specdec serve --ray`: the same OpenAI-compatible app on several Ray Serve replicas.
+
+Each replica is a Ray actor that loads the model itself (from the same load options, a plain
+dict) and runs create_app's FastAPI app with its own engine thread; Ray's HTTP proxy spreads
+requests over the replicas by their queue lengths (no prefix affinity). Health: Ray calls each
+replica's check_health, which fails once its engine worker has stopped; Ray then replaces it.
+Scale-down drains: a replica leaving gets no new requests and is stopped only when its
+in-flight requests (streams included) have finished, or after `drain_s`.
+
+Ray is imported only here, and only when these functions run (the `ray` extra)."""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from dataclasses import dataclass, replace
+
+from specdec.errors import SpecdecError
+from specdec.extras import require
+from specdec.server.state import ServerSettings
+
+APP_NAME = "specdec"
+HEALTH_CHECK_PERIOD_S = 5.0
+HEALTH_CHECK_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """A fixed number of replicas, or autoscaling between min_replicas and max_replicas on the
+    requests each replica holds (target: its batch full)."""
+    replicas: int = 1
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    threads: int = 1  # CPU threads per replica (Ray reserves that many CPUs for each)
+    drain_s: float = 120.0  # how long a replica leaving may take to finish its requests
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.min_replicas is not None
+
+
+def parse_autoscale(text: str) -> tuple[int, int]:
+    """'MIN,MAX' -> (MIN, MAX), with 0 <= MIN <= MAX and MAX >= 1."""
+    parts = text.split(",")
+    try:
+        low, high = (int(p) for p in parts)
+    except ValueError:
+        raise SpecdecError(f"--autoscale takes MIN,MAX (two integers, e.g. 1,4), got {text!r}") from None
+    if low < 0 or high < 1 or low > high:
+        raise SpecdecError(f"--autoscale MIN,MAX needs 0 <= MIN <= MAX and MAX >= 1, got {text!r}")
+    return low, high
+
+
+def deployment_options(scaling: Scaling, settings: ServerSettings) -> dict:
+    """ray.serve.deployment's options for these replicas."""
+    options = dict(
+        ray_actor_options={"num_cpus": scaling.threads},
+        # a replica takes what its own server admits (running + queued); beyond that it answers
+        # 429 itself, as one server does
+        max_ongoing_requests=settings.max_batch + settings.max_queue,
+        health_check_period_s=HEALTH_CHECK_PERIOD_S,
+        health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S,
+        graceful_shutdown_wait_loop_s=1.0,
+        graceful_shutdown_timeout_s=scaling.drain_s,
+    )
+    if scaling.autoscaled:
+        options["autoscaling_config"] = {
+            "min_replicas": scaling.min_replicas,
+            "initial_replicas": max(scaling.min_replicas, 1),
+            "max_replicas": scaling.max_replicas,
+            "target_ongoing_requests": settings.max_batch,  # a replica is busy when its batch is full
+        }
+    else:
+        options["num_replicas"] = scaling.replicas
+    return options
+
+
+def build_application(load_options: dict, settings: ServerSettings, scaling: Scaling):
+    """The Ray Serve application (not yet running): serve.run(...) deploys it."""
+    serve = require("ray.serve", "ray", "specdec serve --ray")
+    threads = scaling.threads
+
+    def build_replica_app():
+        """Runs in each replica's process: load the model, build the app, named after the replica."""
+        import torch
+
+        from specdec.api import load
+        from specdec.server.app import create_app
+
+        torch.set_num_threads(threads)
+        replica_id = serve.get_replica_context().replica_id.unique_id
+        return create_app(load(**load_options), replace(settings, replica_id=replica_id, engine_thread=True))
+
+    class SpecdecReplica:
+        def check_health(self) -> None:
+            if not self.app.state.server.worker.alive:
+                raise RuntimeError("the engine worker is not running")
+
+    replica = serve.ingress(build_replica_app)(SpecdecReplica)
+    return serve.deployment(replica, name="SpecdecReplica", **deployment_options(scaling, settings)).bind()
+
+
+def run(load_options: dict, settings: ServerSettings, scaling: Scaling, host: str, port: int,
+        address: str | None = None) -> int:
+    """Deploy on the Ray cluster at `address` (None: $RAY_ADDRESS, else a local cluster started
+    here), serve on host:port until Ctrl-C or SIGTERM, then delete the application (its replicas
+    drain)."""
+    ray = require("ray", "ray", "specdec serve --ray")
+    serve = require("ray.serve", "ray", "specdec serve --ray")
+    ray.init(address=address, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(build_application(load_options, settings, scaling), name=APP_NAME, route_prefix="/")
+        count = (f"{scaling.min_replicas}-{scaling.max_replicas} replicas (autoscaled)" if scaling.autoscaled
+                 else f"{scaling.replicas} replica{'s' * (scaling.replicas != 1)}")
+        print(f"specdec: serving on Ray Serve, {count} x {scaling.threads} thread(s), on http://{host}:{port}/v1",
+              file=sys.stderr)
+        stop = threading.Event()
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while not stop.wait(1.0):
+                pass
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        print("specdec: stopping (replicas finish their requests first)", file=sys.stderr)
+        serve.delete(APP_NAME)
+    finally:
+        ray.shutdown()
+    return 0

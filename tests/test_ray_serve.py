@@ -1,0 +1,264 @@
+"""`specdec serve --ray`: the options (default tier, no Ray needed) and, in the slow tier, a Ray
+cluster started on 127.0.0.1 with 2 replicas of the bundled pair (1 thread each): 32 concurrent
+streams spread over both and equal to one server's output, a replica killed under load (its
+requests end with a clear error, none hangs, the others are unaffected), and a scale-down whose
+leaving replica finishes its streams first."""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from specdec.api import load  # noqa: E402
+from specdec.cli import build_parser  # noqa: E402
+from specdec.errors import SpecdecError  # noqa: E402
+from specdec.server.app import ServerSettings, create_app  # noqa: E402
+from specdec.server.cli import check_args, ray_scaling  # noqa: E402
+from specdec.server.ray_serve import Scaling, deployment_options, parse_autoscale  # noqa: E402
+
+LOAD = dict(method="draft", draft_tokens=4, memory=False)  # the bundled pycode pair
+
+
+def _serve_args(*argv: str):
+    return build_parser().parse_args(["serve", *argv])
+
+
+# ---------------------------------------------------------------- options (no Ray)
+
+def test_autoscale_parses_min_max_and_names_bad_values():
+    assert parse_autoscale("1,4") == (1, 4)
+    assert parse_autoscale("0,2") == (0, 2)
+    for bad in ("4", "1,2,3", "a,b", "3,1", "0,0", "-1,2"):
+        with pytest.raises(SpecdecError, match="--autoscale"):
+            parse_autoscale(bad)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--replicas", "2"), "--replicas needs --ray"),
+    (("--autoscale", "1,2"), "--autoscale needs --ray"),
+    (("--ray", "--replicas", "2", "--autoscale", "1,2"), "exclude each other"),
+    (("--ray", "--replicas", "0"), "--replicas must be >= 1"),
+    (("--ray", "--compile"), "--compile is not supported with --ray"),
+    (("--ray", "--drain-timeout", "0"), "--drain-timeout must be > 0"),
+])
+def test_ray_options_are_checked_with_clear_errors(argv, message):
+    with pytest.raises(SpecdecError, match=message):
+        check_args(_serve_args(*argv))
+
+
+def test_replicas_reserve_their_threads_and_take_what_one_server_admits():
+    args = _serve_args("--ray", "--autoscale", "1,3", "--threads", "2", "--max-batch", "4", "--max-queue", "10")
+    check_args(args)
+    scaling = ray_scaling(args)
+    assert scaling == Scaling(replicas=1, min_replicas=1, max_replicas=3, threads=2, drain_s=120.0)
+    options = deployment_options(scaling, ServerSettings(max_batch=4, max_queue=10))
+    assert options["ray_actor_options"] == {"num_cpus": 2}
+    assert options["max_ongoing_requests"] == 14  # beyond that the replica answers 429 itself
+    assert options["autoscaling_config"]["target_ongoing_requests"] == 4
+    assert (options["autoscaling_config"]["min_replicas"], options["autoscaling_config"]["max_replicas"]) == (1, 3)
+    assert "num_replicas" not in options and options["graceful_shutdown_timeout_s"] == 120.0
+    fixed = deployment_options(ray_scaling(_serve_args("--ray", "--replicas", "2")), ServerSettings())
+    assert fixed["num_replicas"] == 2 and "autoscaling_config" not in fixed
+    assert fixed["ray_actor_options"] == {"num_cpus": 1}  # --threads 0 (torch's choice) is 1 a replica
+
+
+def test_a_replica_names_itself_on_every_response_and_in_its_metrics():
+    decoder = load(**LOAD)
+    with TestClient(create_app(decoder, ServerSettings(replica_id="r-7", api_key="k"))) as client:
+        health = client.get("/health")
+        assert health.headers["x-specdec-replica"] == "r-7" and health.json()["replica"] == "r-7"
+        refused = client.get("/v1/models")  # errors too: the client sees which replica refused
+        assert refused.status_code == 401 and refused.headers["x-specdec-replica"] == "r-7"
+        metrics = client.get("/metrics", headers={"Authorization": "Bearer k"}).text
+        assert 'specdec:replica_info{replica="r-7"} 1.0' in metrics
+    with TestClient(create_app(decoder, ServerSettings())) as client:
+        single = client.get("/health")
+        assert "x-specdec-replica" not in single.headers and "replica" not in single.json()
+        assert "replica_info" not in client.get("/metrics").text
+
+
+# ---------------------------------------------------------------- a Ray cluster (slow tier)
+
+PROMPTS = ["def add(a, b):", "import os\n", "class Stack:\n", "for i in range(10):", "def parse(line):",
+           "# read a file\n", "x = [", "def main():\n"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _body(prompt: str, max_tokens: int) -> dict:
+    return {"model": "pycode-target", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True}
+
+
+async def _stream(client: httpx.AsyncClient, body: dict, started: asyncio.Event | None = None) -> dict:
+    """One streamed completion: its replica, text, finish reason, or how it failed."""
+    out = {"replica": None, "text": "", "finish": None, "error": None, "status": None}
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            out["status"], out["replica"] = r.status_code, r.headers.get("x-specdec-replica")
+            if r.status_code != 200:
+                out["error"] = (await r.aread()).decode(errors="replace")
+                return out
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    out["done"] = True
+                    break
+                event = json.loads(line[6:])
+                if "error" in event:
+                    out["error"] = event["error"]["message"]
+                    break
+                choice = event["choices"][0]
+                out["text"] += choice["text"]
+                out["finish"] = choice["finish_reason"] or out["finish"]
+                if started is not None:
+                    started.set()
+    except httpx.HTTPError as e:  # a connection cut mid-stream is a clear error to the client
+        out["error"] = f"{type(e).__name__}: {e}"
+    out["ended"] = time.perf_counter()
+    return out
+
+
+def _expected(bodies: list[dict]) -> dict[str, str]:
+    """What one in-process server answers (non-streamed) to each prompt."""
+    with TestClient(create_app(load(**LOAD), ServerSettings())) as client:
+        return {b["prompt"]: client.post("/v1/completions", json=dict(b, stream=False)).json()["choices"][0]["text"]
+                for b in bodies}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    serve = pytest.importorskip("ray.serve")
+    from specdec.server.ray_serve import APP_NAME, build_application
+
+    port = _free_port()
+    started = time.perf_counter()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+
+    def deploy(replicas: int) -> None:
+        app = build_application(LOAD, ServerSettings(max_queue=64), Scaling(replicas=replicas, threads=1, drain_s=60))
+        serve.run(app, name=APP_NAME, route_prefix="/")
+
+    deploy(2)
+    timings = {"up_s": time.perf_counter() - started}
+    try:
+        yield {"url": f"http://127.0.0.1:{port}", "deploy": deploy, "ray": ray, "serve": serve, "timings": timings}
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        print("ray test timings:", {k: round(v, 1) for k, v in timings.items()})
+
+
+def _replica_actor(ray, replica_id: str):
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["name"].endswith(f"#{replica_id}"):
+            return ray.get_actor(actor["name"], namespace=actor["namespace"])
+    raise AssertionError(f"no actor for replica {replica_id}")
+
+
+async def _wait_replicas(client: httpx.AsyncClient, count: int, seconds: float = 120.0) -> set[str]:
+    """Poll /health until `count` distinct replicas answered (Ray replaces a dead one)."""
+    seen: set[str] = set()
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        r = await client.get("/health")
+        if r.status_code == 200:
+            seen.add(r.headers["x-specdec-replica"])
+        if len(seen) >= count:
+            return seen
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"saw {len(seen)} of {count} replicas")
+
+
+@pytest.mark.slow
+def test_two_replicas_share_32_streams_with_one_servers_output(ray_cluster):
+    bodies = [_body(PROMPTS[i % len(PROMPTS)], 48) for i in range(32)]
+    expected = _expected(bodies)
+
+    async def main():
+        async with httpx.AsyncClient(base_url=ray_cluster["url"], timeout=120) as client:
+            start = time.perf_counter()
+            results = await asyncio.gather(*(_stream(client, b) for b in bodies))
+            ray_cluster["timings"]["32_streams_s"] = time.perf_counter() - start
+            return results
+
+    results = asyncio.run(main())
+    assert all(r["status"] == 200 and r.get("done") and r["error"] is None for r in results), results
+    assert [r["text"] for r in results] == [expected[b["prompt"]] for b in bodies]
+    counts = {}
+    for r in results:
+        counts[r["replica"]] = counts.get(r["replica"], 0) + 1
+    assert len(counts) == 2 and min(counts.values()) >= 4, counts  # both replicas served
+
+
+@pytest.mark.slow
+def test_a_replica_killed_under_load_fails_its_requests_cleanly_and_is_replaced(ray_cluster):
+    ray = ray_cluster["ray"]
+    bodies = [_body(PROMPTS[i % len(PROMPTS)], 400) for i in range(16)]
+    expected = _expected(bodies)
+
+    async def main():
+        async with httpx.AsyncClient(base_url=ray_cluster["url"], timeout=300) as client:
+            first = asyncio.Event()
+            tasks = [asyncio.create_task(_stream(client, b, first)) for b in bodies]
+            await asyncio.wait_for(first.wait(), 120)
+            victim = (await client.get("/health")).headers["x-specdec-replica"]
+            ray.kill(_replica_actor(ray, victim), no_restart=False)
+            killed_at = time.perf_counter()
+            results = await asyncio.wait_for(asyncio.gather(*tasks), 300)  # none hangs
+            ray_cluster["timings"]["kill_to_all_ended_s"] = time.perf_counter() - killed_at
+            replicas = await _wait_replicas(client, 2)
+            ray_cluster["timings"]["kill_to_replaced_s"] = time.perf_counter() - killed_at
+            after = await _stream(client, _body(PROMPTS[0], 16))
+            return victim, results, replicas, after
+
+    victim, results, replicas, after = asyncio.run(main())
+    failed = [r for r in results if r["error"] is not None or not r.get("done")]
+    assert failed, "the kill came after every request had finished: nothing was tested"
+    for r in failed:  # an HTTP error or a cut stream, never a silent truncation marked finished
+        assert r["finish"] is None and r["error"], r
+    for r, b in zip(results, bodies):
+        if r not in failed:
+            assert r["text"] == expected[b["prompt"]] and r["finish"] == "length"
+    assert any(r not in failed and r["replica"] != victim for r in results)  # the other replica was unaffected
+    assert victim not in replicas and after["done"] and after["text"] == _expected([_body(PROMPTS[0], 16)])[PROMPTS[0]]
+
+
+@pytest.mark.slow
+def test_scaling_down_lets_the_leaving_replica_finish_its_streams(ray_cluster):
+    bodies = [_body(PROMPTS[i % len(PROMPTS)], 300) for i in range(8)]
+    expected = _expected(bodies)
+
+    async def main():
+        async with httpx.AsyncClient(base_url=ray_cluster["url"], timeout=300) as client:
+            await _wait_replicas(client, 2)
+            first = asyncio.Event()
+            tasks = [asyncio.create_task(_stream(client, b, first)) for b in bodies]
+            await asyncio.wait_for(first.wait(), 120)
+            await asyncio.sleep(0.5)
+            start = time.perf_counter()
+            await asyncio.to_thread(ray_cluster["deploy"], 1)  # scale 2 -> 1 while the streams run
+            ray_cluster["timings"]["scale_down_s"] = time.perf_counter() - start
+            results = await asyncio.wait_for(asyncio.gather(*tasks), 300)
+            return start, results
+
+    start, results = asyncio.run(main())
+    # both replicas were still streaming when the scale-down began
+    assert {r["replica"] for r in results if r["ended"] > start} == {r["replica"] for r in results}
+    assert len({r["replica"] for r in results}) == 2
+    assert all(r.get("done") and r["error"] is None and r["finish"] == "length" for r in results), results
+    assert [r["text"] for r in results] == [expected[b["prompt"]] for b in bodies]
