@@ -7,8 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -23,6 +29,7 @@ from specdec.server.app import ServerSettings, create_app  # noqa: E402
 from specdec.server.cli import check_args, ray_scaling  # noqa: E402
 from specdec.server.ray_serve import Scaling, deployment_options, parse_autoscale  # noqa: E402
 
+SPECDEC = str(Path(sys.executable).with_name("specdec"))
 LOAD = dict(method="draft", draft_tokens=4, memory=False)  # the bundled pycode pair
 
 
@@ -138,8 +145,9 @@ def _expected(bodies: list[dict]) -> dict[str, str]:
                 for b in bodies}
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
+@contextmanager
+def _local_cluster(replicas: int):
+    """A Ray cluster started here on 127.0.0.1 (2 CPUs) serving the bundled pair on `replicas`."""
     ray = pytest.importorskip("ray")
     serve = pytest.importorskip("ray.serve")
     from specdec.server.ray_serve import APP_NAME, build_application
@@ -147,20 +155,19 @@ def ray_cluster():
     port = _free_port()
     started = time.perf_counter()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-
-    def deploy(replicas: int) -> None:
-        app = build_application(LOAD, ServerSettings(max_queue=64), Scaling(replicas=replicas, threads=1, drain_s=60))
-        serve.run(app, name=APP_NAME, route_prefix="/")
-
-    deploy(2)
-    timings = {"up_s": time.perf_counter() - started}
     try:
-        yield {"url": f"http://127.0.0.1:{port}", "deploy": deploy, "ray": ray, "serve": serve, "timings": timings}
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+
+        def deploy(count: int) -> None:
+            app = build_application(LOAD, ServerSettings(max_queue=64), Scaling(replicas=count, threads=1, drain_s=60))
+            serve.run(app, name=APP_NAME, route_prefix="/")
+
+        deploy(replicas)
+        yield {"url": f"http://127.0.0.1:{port}", "deploy": deploy, "ray": ray,
+               "timings": {"up_s": time.perf_counter() - started}}
     finally:
         serve.shutdown()
         ray.shutdown()
-        print("ray test timings:", {k: round(v, 1) for k, v in timings.items()})
 
 
 def _replica_actor(ray, replica_id: str):
@@ -184,8 +191,7 @@ async def _wait_replicas(client: httpx.AsyncClient, count: int, seconds: float =
     raise AssertionError(f"saw {len(seen)} of {count} replicas")
 
 
-@pytest.mark.slow
-def test_two_replicas_share_32_streams_with_one_servers_output(ray_cluster):
+def _check_32_streams_spread_with_one_servers_output(ray_cluster: dict) -> None:
     bodies = [_body(PROMPTS[i % len(PROMPTS)], 48) for i in range(32)]
     expected = _expected(bodies)
 
@@ -205,8 +211,9 @@ def test_two_replicas_share_32_streams_with_one_servers_output(ray_cluster):
     assert len(counts) == 2 and min(counts.values()) >= 4, counts  # both replicas served
 
 
-@pytest.mark.slow
-def test_a_replica_killed_under_load_fails_its_requests_cleanly_and_is_replaced(ray_cluster):
+def _check_a_replica_killed_under_load(ray_cluster: dict) -> None:
+    """Its requests end with a clear error (an HTTP error or a cut stream), none hangs, the other
+    replica's requests are unaffected, and Ray replaces it."""
     ray = ray_cluster["ray"]
     bodies = [_body(PROMPTS[i % len(PROMPTS)], 400) for i in range(16)]
     expected = _expected(bodies)
@@ -238,8 +245,8 @@ def test_a_replica_killed_under_load_fails_its_requests_cleanly_and_is_replaced(
     assert victim not in replicas and after["done"] and after["text"] == _expected([_body(PROMPTS[0], 16)])[PROMPTS[0]]
 
 
-@pytest.mark.slow
-def test_scaling_down_lets_the_leaving_replica_finish_its_streams(ray_cluster):
+def _check_scale_down_drains(ray_cluster: dict) -> None:
+    """2 -> 1 replicas while both stream: the leaving one finishes its streams first."""
     bodies = [_body(PROMPTS[i % len(PROMPTS)], 300) for i in range(8)]
     expected = _expected(bodies)
 
@@ -262,3 +269,62 @@ def test_scaling_down_lets_the_leaving_replica_finish_its_streams(ray_cluster):
     assert len({r["replica"] for r in results}) == 2
     assert all(r.get("done") and r["error"] is None and r["finish"] == "length" for r in results), results
     assert [r["text"] for r in results] == [expected[b["prompt"]] for b in bodies]
+
+
+@pytest.mark.slow
+def test_two_replicas_on_a_local_ray_cluster():
+    """One test, phases in order (pytest-xdist must not run two clusters on these 2 cores at once)."""
+    with _local_cluster(replicas=2) as cluster:
+        _check_32_streams_spread_with_one_servers_output(cluster)
+        _check_a_replica_killed_under_load(cluster)
+        _check_scale_down_drains(cluster)
+    cluster["timings"].update(_check_the_command_drains_on_ctrl_c())
+    _check_a_replica_that_cannot_load_is_a_clear_error()
+    print("ray test timings (s):", {k: round(v, 1) for k, v in cluster["timings"].items()})
+
+
+def _check_the_command_drains_on_ctrl_c() -> dict:
+    """`specdec serve --ray` in its own process group: Ctrl-C (SIGINT to the whole group, as a
+    terminal sends it) lets a running stream finish, then everything exits with status 0."""
+    port = _free_port()
+    command = [SPECDEC, "serve", "--ray", "--replicas", "1", "--threads", "1", "--port", str(port)]
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        deadline = time.perf_counter() + 180
+        while True:
+            assert process.poll() is None and time.perf_counter() < deadline, "serve --ray did not come up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        up = time.perf_counter() - started
+        body = _body(PROMPTS[0], 600) | {"ignore_eos": True}
+
+        async def stream_then_interrupt():
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
+                first = asyncio.Event()
+                task = asyncio.create_task(_stream(client, body, first))
+                await asyncio.wait_for(first.wait(), 60)
+                os.killpg(process.pid, signal.SIGINT)
+                return await asyncio.wait_for(task, 300)
+
+        result = asyncio.run(stream_then_interrupt())
+        interrupted = time.perf_counter()
+        assert process.wait(timeout=120) == 0, process.stdout.read()
+        assert result.get("done") and result["error"] is None and result["finish"] == "length", result
+        assert len(result["text"]) > 0
+        return {"cli_up_s": up, "cli_ctrl_c_to_exit_s": time.perf_counter() - interrupted}
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def _check_a_replica_that_cannot_load_is_a_clear_error() -> None:
+    run = subprocess.run([SPECDEC, "serve", "--ray", "--target", "/nonexistent/model", "--port", str(_free_port())],
+                         capture_output=True, text=True, timeout=300, start_new_session=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert ("specdec: error: the replicas did not start: model '/nonexistent/model' does not exist"
+            in run.stderr), run.stderr

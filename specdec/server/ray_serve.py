@@ -100,6 +100,16 @@ def build_application(load_options: dict, settings: ServerSettings, scaling: Sca
     return serve.deployment(replica, name="SpecdecReplica", **deployment_options(scaling, settings)).bind()
 
 
+def replica_error(serve) -> str | None:
+    """The last line of the failed deployment's message (a replica's exception), if there is one."""
+    status = serve.status().applications.get(APP_NAME)
+    for deployment in status.deployments.values() if status else ():
+        lines = [line for line in (deployment.message or "").splitlines() if line.strip()]
+        if lines:
+            return lines[-1].removeprefix("specdec.errors.SpecdecError: ")
+    return None
+
+
 def run(load_options: dict, settings: ServerSettings, scaling: Scaling, host: str, port: int,
         address: str | None = None) -> int:
     """Deploy on the Ray cluster at `address` (None: $RAY_ADDRESS, else a local cluster started
@@ -107,23 +117,34 @@ def run(load_options: dict, settings: ServerSettings, scaling: Scaling, host: st
     drain)."""
     ray = require("ray", "ray", "specdec serve --ray")
     serve = require("ray.serve", "ray", "specdec serve --ray")
-    ray.init(address=address, log_to_driver=False)
+    # Ctrl-C reaches the whole process group: the Ray processes started here ignore it (an ignored
+    # signal stays ignored across fork and exec), so that this process alone stops and they drain
+    interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        serve.start(http_options={"host": host, "port": port})
-        serve.run(build_application(load_options, settings, scaling), name=APP_NAME, route_prefix="/")
-        count = (f"{scaling.min_replicas}-{scaling.max_replicas} replicas (autoscaled)" if scaling.autoscaled
-                 else f"{scaling.replicas} replica{'s' * (scaling.replicas != 1)}")
-        print(f"specdec: serving on Ray Serve, {count} x {scaling.threads} thread(s), on http://{host}:{port}/v1",
-              file=sys.stderr)
-        stop = threading.Event()
-        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        ray.init(address=address, log_to_driver=False)
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
+    # from here on Ctrl-C / SIGTERM mean "stop once deployed": one arriving while the replicas still
+    # load (a client may already be answered by one) must not cut the deployment short
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
         try:
+            serve.start(http_options={"host": host, "port": port})
+            try:
+                serve.run(build_application(load_options, settings, scaling), name=APP_NAME, route_prefix="/")
+            except RuntimeError as e:
+                raise SpecdecError(f"the replicas did not start: {replica_error(serve) or e}") from None
+            count = (f"{scaling.min_replicas}-{scaling.max_replicas} replicas (autoscaled)" if scaling.autoscaled
+                     else f"{scaling.replicas} replica{'s' * (scaling.replicas != 1)}")
+            print(f"specdec: serving on Ray Serve, {count} x {scaling.threads} thread(s), on "
+                  f"http://{host}:{port}/v1", file=sys.stderr)
             while not stop.wait(1.0):
                 pass
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        print("specdec: stopping (replicas finish their requests first)", file=sys.stderr)
+        print("specdec: stopping: the replicas finish their requests first (Ctrl-C again: at once)", file=sys.stderr)
         serve.delete(APP_NAME)
     finally:
         ray.shutdown()
