@@ -30,6 +30,8 @@ from specdec.server.cli import check_args, ray_scaling  # noqa: E402
 from specdec.server.ray_serve import Scaling, deployment_options, parse_autoscale  # noqa: E402
 
 SPECDEC = str(Path(sys.executable).with_name("specdec"))
+API_KEY = "ray-test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LOAD = dict(method="draft", draft_tokens=4, memory=False)  # the bundled pycode pair
 
 
@@ -89,6 +91,23 @@ def test_a_replica_names_itself_on_every_response_and_in_its_metrics():
         single = client.get("/health")
         assert "x-specdec-replica" not in single.headers and "replica" not in single.json()
         assert "replica_info" not in client.get("/metrics").text
+
+
+def test_a_replicas_metrics_hold_every_replicas_samples_labeled():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from specdec.server.metrics import Metrics
+
+    other = Metrics(max_positions=2, replica_id="a")
+    other.generation_tokens.inc(5)
+    shared = {"a": other.render().decode(), "b": "stale text of this replica itself: replaced"}
+    this = Metrics(max_positions=2, replica_id="b", peers=lambda: shared)
+    this.generation_tokens.inc(7)
+    families = {f.name: f for f in text_string_to_metric_families(this.render().decode())}
+    tokens = {s.labels["replica"]: s.value for s in families["specdec:generation_tokens"].samples
+              if s.name.endswith("_total")}
+    assert tokens == {"a": 5.0, "b": 7.0}
+    assert {s.labels["replica"] for s in families["specdec:replica_info"].samples} == {"a", "b"}
 
 
 # ---------------------------------------------------------------- a Ray cluster (slow tier)
@@ -159,7 +178,8 @@ def _local_cluster(replicas: int):
         serve.start(http_options={"host": "127.0.0.1", "port": port})
 
         def deploy(count: int) -> None:
-            app = build_application(LOAD, ServerSettings(max_queue=64), Scaling(replicas=count, threads=1, drain_s=60))
+            settings = ServerSettings(max_queue=64, api_key=API_KEY)
+            app = build_application(LOAD, settings, Scaling(replicas=count, threads=1, drain_s=60))
             serve.run(app, name=APP_NAME, route_prefix="/")
 
         deploy(replicas)
@@ -192,19 +212,38 @@ async def _wait_replicas(client: httpx.AsyncClient, count: int, seconds: float =
 
 
 def _check_32_streams_spread_with_one_servers_output(ray_cluster: dict) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
     bodies = [_body(PROMPTS[i % len(PROMPTS)], 48) for i in range(32)]
     expected = _expected(bodies)
 
     async def main():
-        async with httpx.AsyncClient(base_url=ray_cluster["url"], timeout=120) as client:
+        async with httpx.AsyncClient(base_url=ray_cluster["url"], timeout=120, headers=AUTH) as client:
             start = time.perf_counter()
             results = await asyncio.gather(*(_stream(client, b) for b in bodies))
             ray_cluster["timings"]["32_streams_s"] = time.perf_counter() - start
-            return results
+            refused = [await client.get("/v1/models", headers={"Authorization": "Bearer wrong"}) for _ in range(8)]
+            return results, refused
 
-    results = asyncio.run(main())
+    results, refused = asyncio.run(main())
+    # the key holds on every replica, and the refusal comes from one of them in the OpenAI envelope
+    assert all(r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key" for r in refused)
+    assert {r.headers["x-specdec-replica"] for r in refused} <= {r["replica"] for r in results}
     assert all(r["status"] == 200 and r.get("done") and r["error"] is None for r in results), results
     assert [r["text"] for r in results] == [expected[b["prompt"]] for b in bodies]
+    # /metrics through the proxy: both replicas' counters, labeled, adding up to the 32 requests
+    deadline = time.perf_counter() + 30
+    while True:
+        text = httpx.get(ray_cluster["url"] + "/metrics", headers=AUTH, timeout=10).text
+        finished = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "specdec:request_success_total" and sample.labels["finished_reason"] == "length":
+                    finished[sample.labels["replica"]] = sample.value
+        if sum(finished.values()) == 32 or time.perf_counter() > deadline:
+            break
+        time.sleep(0.5)
+    assert set(finished) == {r["replica"] for r in results} and sum(finished.values()) == 32, finished
     counts = {}
     for r in results:
         counts[r["replica"]] = counts.get(r["replica"], 0) + 1
@@ -219,7 +258,7 @@ def _check_a_replica_killed_under_load(ray_cluster: dict) -> None:
     expected = _expected(bodies)
 
     async def main():
-        async with httpx.AsyncClient(base_url=ray_cluster["url"], timeout=300) as client:
+        async with httpx.AsyncClient(base_url=ray_cluster["url"], timeout=300, headers=AUTH) as client:
             first = asyncio.Event()
             tasks = [asyncio.create_task(_stream(client, b, first)) for b in bodies]
             await asyncio.wait_for(first.wait(), 120)
@@ -251,7 +290,7 @@ def _check_scale_down_drains(ray_cluster: dict) -> None:
     expected = _expected(bodies)
 
     async def main():
-        async with httpx.AsyncClient(base_url=ray_cluster["url"], timeout=300) as client:
+        async with httpx.AsyncClient(base_url=ray_cluster["url"], timeout=300, headers=AUTH) as client:
             await _wait_replicas(client, 2)
             first = asyncio.Event()
             tasks = [asyncio.create_task(_stream(client, b, first)) for b in bodies]
@@ -290,7 +329,7 @@ def _check_the_command_drains_on_ctrl_c() -> dict:
     command = [SPECDEC, "serve", "--ray", "--replicas", "1", "--threads", "1", "--port", str(port)]
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+                               start_new_session=True, env={**os.environ, "SPECDEC_API_KEY": API_KEY})
     try:
         deadline = time.perf_counter() + 180
         while True:
@@ -304,7 +343,7 @@ def _check_the_command_drains_on_ctrl_c() -> dict:
         body = _body(PROMPTS[0], 600) | {"ignore_eos": True}
 
         async def stream_then_interrupt():
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=300, headers=AUTH) as client:
                 first = asyncio.Event()
                 task = asyncio.create_task(_stream(client, body, first))
                 await asyncio.wait_for(first.wait(), 60)

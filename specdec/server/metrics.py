@@ -25,10 +25,18 @@ Speculative decoding, named like vLLM's, from finished choices:
                                                         steps whose draft at 0-based position i
                                                         was accepted
   specdec:replica_info{replica}                         1, on a replica of `serve --ray`: which replica's
-                                                        registry this is"""
+                                                        registry this is
+
+On a replica of `serve --ray` (`peers` given), /metrics is the whole deployment's: every replica's
+samples with a `replica` label, this one's fresh and the others' as they last shared them (Ray
+Serve's proxy sends a scrape to any one replica; ray_serve.py shares them)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 ACCEPTED_LENGTH_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
@@ -47,8 +55,11 @@ def accepted_per_position(histogram: list[int]) -> list[int]:
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, max_positions: int = 0, replica_id: str | None = None):
+    def __init__(self, max_positions: int = 0, replica_id: str | None = None,
+                 peers: Callable[[], dict[str, str]] | None = None):
         r = self.registry = CollectorRegistry()
+        self.replica_id = replica_id
+        self.peers = peers  # the other replicas' latest exposition texts, by replica id
         if replica_id is not None:
             Gauge("specdec:replica_info", "The replica whose metrics these are (serve --ray)", ["replica"],
                   registry=r).labels(replica=replica_id).set(1)
@@ -114,4 +125,31 @@ class Metrics:
         self.http_latency.labels(endpoint=endpoint).observe(seconds)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        own = generate_latest(self.registry)
+        if self.peers is None:
+            return own
+        texts = {replica: text for replica, text in self.peers().items() if replica != self.replica_id}
+        texts[self.replica_id] = own.decode()
+        return labeled_by_replica(texts)
+
+
+class _Families:
+    def __init__(self, families: list[Metric]):
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def labeled_by_replica(texts: dict[str, str]) -> bytes:
+    """Several registries' exposition texts as one, each sample labeled with its replica."""
+    families: dict[str, Metric] = {}
+    for replica, text in sorted(texts.items()):
+        for family in text_string_to_metric_families(text):
+            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type,
+                                                             family.unit))
+            for sample in family.samples:
+                merged.add_sample(sample.name, {**sample.labels, "replica": replica}, sample.value, sample.timestamp)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(list(families.values())))
+    return generate_latest(registry)

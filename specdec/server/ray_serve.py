@@ -5,21 +5,31 @@ dict) and runs create_app's FastAPI app with its own engine thread; Ray's HTTP p
 requests over the replicas by their queue lengths (no prefix affinity). Health: Ray calls each
 replica's check_health, which fails once its engine worker has stopped; Ray then replaces it.
 Scale-down drains: a replica leaving gets no new requests and is stopped only when its
-in-flight requests (streams included) have finished, or after `drain_s`.
+in-flight requests (streams included) have finished, or after `drain_s`. Metrics: each replica
+sends its registry's text to a detached MetricsBoard actor every METRICS_PERIOD_S and keeps the
+others', so a scrape that Ray's proxy gives to any one replica returns every replica's samples,
+labeled by replica (server/metrics.py).
 
 Ray is imported only here, and only when these functions run (the `ray` extra)."""
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, replace
 
 from specdec.errors import SpecdecError
 from specdec.extras import require
 from specdec.server.state import ServerSettings
 
+log = logging.getLogger("specdec.server")
+
 APP_NAME = "specdec"
+METRICS_BOARD = "specdec-metrics-board"
+METRICS_NAMESPACE = "specdec"
+METRICS_PERIOD_S = 2.0
 HEALTH_CHECK_PERIOD_S = 5.0
 HEALTH_CHECK_TIMEOUT_S = 30.0
 
@@ -75,6 +85,51 @@ def deployment_options(scaling: Scaling, settings: ServerSettings) -> dict:
     return options
 
 
+class MetricsBoard:
+    """A Ray actor: every replica's latest /metrics text, so that any replica can answer a scrape
+    for all of them. A replica silent for 3 periods (gone) is dropped."""
+
+    def __init__(self):
+        self.texts: dict[str, tuple[float, str]] = {}
+
+    def put(self, replica_id: str, text: str) -> dict[str, str]:
+        """Store one replica's text; return every live replica's."""
+        now = time.monotonic()
+        self.texts[replica_id] = (now, text)
+        self.texts = {r: (t, x) for r, (t, x) in self.texts.items() if now - t < 3 * METRICS_PERIOD_S}
+        return {r: x for r, (_, x) in self.texts.items()}
+
+
+class MetricsShare:
+    """In a replica: a daemon thread that sends this replica's metrics to the board every period
+    and keeps the others' from its answer, for Metrics.render (no Ray call on a scrape)."""
+
+    def __init__(self, replica_id: str):
+        self.replica_id = replica_id
+        self.latest: dict[str, str] = {}
+
+    def peers(self) -> dict[str, str]:
+        return self.latest
+
+    def start(self, registry) -> None:
+        import ray
+        from prometheus_client import generate_latest
+
+        board = ray.remote(MetricsBoard).options(name=METRICS_BOARD, namespace=METRICS_NAMESPACE,
+                                                 get_if_exists=True, lifetime="detached", num_cpus=0).remote()
+
+        def share() -> None:
+            while True:
+                try:
+                    self.latest = ray.get(board.put.remote(self.replica_id, generate_latest(registry).decode()),
+                                          timeout=METRICS_PERIOD_S)
+                except Exception as e:  # the board restarting: this replica's own metrics still answer
+                    log.warning("could not share this replica's metrics: %s", e)
+                time.sleep(METRICS_PERIOD_S)
+
+        threading.Thread(target=share, name="specdec-metrics-share", daemon=True).start()
+
+
 def build_application(load_options: dict, settings: ServerSettings, scaling: Scaling):
     """The Ray Serve application (not yet running): serve.run(...) deploys it."""
     serve = require("ray.serve", "ray", "specdec serve --ray")
@@ -89,7 +144,11 @@ def build_application(load_options: dict, settings: ServerSettings, scaling: Sca
 
         torch.set_num_threads(threads)
         replica_id = serve.get_replica_context().replica_id.unique_id
-        return create_app(load(**load_options), replace(settings, replica_id=replica_id, engine_thread=True))
+        board = MetricsShare(replica_id)
+        app = create_app(load(**load_options), replace(settings, replica_id=replica_id, engine_thread=True,
+                                                       peer_metrics=board.peers))
+        board.start(app.state.server.metrics.registry)
+        return app
 
     class SpecdecReplica:
         def check_health(self) -> None:
@@ -108,6 +167,14 @@ def replica_error(serve) -> str | None:
         if lines:
             return lines[-1].removeprefix("specdec.errors.SpecdecError: ")
     return None
+
+
+def remove_metrics_board(ray) -> None:
+    """The board is detached (it outlives any one replica): remove it with the application."""
+    try:
+        ray.kill(ray.get_actor(METRICS_BOARD, namespace=METRICS_NAMESPACE))
+    except ValueError:  # never created
+        pass
 
 
 def run(load_options: dict, settings: ServerSettings, scaling: Scaling, host: str, port: int,
@@ -146,6 +213,7 @@ def run(load_options: dict, settings: ServerSettings, scaling: Scaling, host: st
                 signal.signal(sig, handler)
         print("specdec: stopping: the replicas finish their requests first (Ctrl-C again: at once)", file=sys.stderr)
         serve.delete(APP_NAME)
+        remove_metrics_board(ray)
     finally:
         ray.shutdown()
     return 0

@@ -3,6 +3,7 @@ create_app builds one ServerState and keeps it on app.state.server."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specdec.api import SpecDecoder
@@ -24,6 +25,7 @@ class ServerSettings:
     max_batch: int = 1  # > 1: continuous batching of up to this many sequences (BatchEngine)
     engine_thread: bool = True  # False: the caller runs the engine loop (EngineWorker.run_here)
     replica_id: str | None = None  # one of several replicas (Ray Serve): sent as X-Specdec-Replica
+    peer_metrics: Callable[[], dict[str, str]] | None = None  # the other replicas' /metrics texts, by id
 
 
 @dataclass
@@ -39,7 +41,8 @@ class ServerState:
     @classmethod
     def build(cls, decoder: SpecDecoder, settings: ServerSettings) -> ServerState:
         served_name = settings.model_name or decoder.target_path.name
-        metrics = Metrics(max_positions=decoder.max_draft_tokens, replica_id=settings.replica_id)
+        metrics = Metrics(max_positions=decoder.max_draft_tokens, replica_id=settings.replica_id,
+                          peers=settings.peer_metrics)
         worker = EngineWorker(decoder, settings.max_queue, metrics, settings.max_batch, settings.engine_thread)
         parser = RequestParser(decoder, served_name, settings.max_tokens_limit,
                                ChatTemplate.from_tokenizer_config(decoder.tokenizer.config))
