@@ -85,3 +85,26 @@ def test_load_packs_by_default_and_no_pack_keeps_the_memory():
     parser = argparse.ArgumentParser()
     add_model_args(parser)
     assert parser.parse_args(["--no-pack"]).pack is False and parser.parse_args([]).pack is True
+
+
+def test_packing_swaps_in_packed_linears_with_the_same_parameters():
+    """Packing swaps modules (PackedLinear), attaching nothing to torch's nn.Linear: the
+    parameters are the same objects (state_dict keys unchanged, a tied LM head stays tied)."""
+    from torch import nn
+
+    from specdec.models.llama import PackedLinear
+
+    model = load_native(DEFAULT_TARGET, "float32")
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight
+    keys = list(model.state_dict())
+    o_proj = model.model.layers[0].self_attn.o_proj
+    runner = NativeRunner(model, 64)
+    packed = runner.model.model.layers[0].self_attn.o_proj
+    assert isinstance(packed, PackedLinear) and packed.weight is o_proj.weight and packed.bias is o_proj.bias
+    assert isinstance(runner.model.lm_head, PackedLinear)
+    assert runner.model.lm_head.weight is runner.model.model.embed_tokens.weight
+    assert list(runner.model.state_dict()) == keys
+    assert not any(hasattr(m, "packed") for m in runner.model.modules() if isinstance(m, nn.Linear))
+    x = torch.randn(3, o_proj.in_features)
+    assert torch.allclose(packed(x), nn.functional.linear(x, o_proj.weight, o_proj.bias), atol=1e-5)

@@ -148,9 +148,33 @@ def linear_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 def project(linear: nn.Module, x: torch.Tensor, exact: bool) -> torch.Tensor:
     """A projection; exact: every row computed as a 1-row pass computes it (exact.py)."""
-    if not isinstance(linear, nn.Linear):  # QuantizedLinear, GroupedLinear: their own kernels
+    if not isinstance(linear, nn.Linear):  # PackedLinear, QuantizedLinear, GroupedLinear: their own kernels
         return linear(x, exact)
-    return linear_product(x, linear.weight, linear.bias, getattr(linear, "packed", None), exact)
+    return linear_product(x, linear.weight, linear.bias, None, exact)
+
+
+class PackedLinear(nn.Module):
+    """An nn.Linear swapped for inference: the same weight and bias Parameters (so tied weights stay
+    tied and state_dict keys stay the same) beside a copy packed for oneDNN (packed.py); None where
+    packing does not apply, then it runs as the nn.Linear did."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed: PackedWeight | None = pack_weight(linear.weight, linear.bias)
+
+    def forward(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        return linear_product(x, self.weight, self.bias, self.packed, exact)
+
+
+def pack_linears(parent: nn.Module, *names: str) -> None:
+    """Swap parent's nn.Linear children `names` for PackedLinears (other modules are left as they are)."""
+    for name in names:
+        linear = getattr(parent, name)
+        if isinstance(linear, nn.Linear):
+            setattr(parent, name, PackedLinear(linear))
 
 
 class Attention(nn.Module):
@@ -296,14 +320,12 @@ class LlamaModel(nn.Module):
             for fused in (attn.qkv, mlp.gate_up):
                 if fused is not None:
                     fused.packed = pack_weight(fused.weight, fused.bias)
-            unfused = [attn.q_proj, attn.k_proj, attn.v_proj] if attn.qkv is None else []
-            unfused += [mlp.gate_proj, mlp.up_proj] if mlp.gate_up is None else []
-            for linear in unfused + [attn.o_proj, mlp.down_proj]:
-                linear.packed = pack_weight(linear.weight, linear.bias)
+            pack_linears(attn, *(("q_proj", "k_proj", "v_proj") if attn.qkv is None else ()), "o_proj")
+            pack_linears(mlp, *(("gate_proj", "up_proj") if mlp.gate_up is None else ()), "down_proj")
         return self.pack_lm_head()
 
     def pack_lm_head(self) -> LlamaModel:
-        self.lm_head.packed = pack_weight(self.lm_head.weight)
+        pack_linears(self, "lm_head")
         return self
 
     def compile_forward(self, cpp_wrapper: bool = False) -> LlamaModel:

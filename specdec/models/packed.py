@@ -66,8 +66,8 @@ def _agrees_with_linear(packed: PackedWeight, bias: torch.Tensor | None) -> bool
 
 
 def packed_bytes(module: torch.nn.Module) -> int:
-    """Bytes of the packed copies held by a module's projections (nn.Linear.packed, and the
-    fused projections' .packed, models/llama.py's FusedLinear)."""
+    """Bytes of the packed copies held by a module's projections (models/llama.py's PackedLinear
+    modules, and the fused projections' .packed, its FusedLinear)."""
     found = [getattr(m, "packed", None) for m in module.modules()]
     found += [getattr(getattr(m, name, None), "packed", None) for m in module.modules() for name in ("qkv", "gate_up")]
     return sum(p.nbytes for p in found if isinstance(p, PackedWeight))

@@ -16,7 +16,7 @@ from torch import nn
 
 from specdec.cache import KVCache
 from specdec.models.config import ModelConfig
-from specdec.models.llama import DecoderLayer, RMSNorm, RopeTable, project, rope_inv_freq
+from specdec.models.llama import DecoderLayer, RMSNorm, RopeTable, pack_linears, project, rope_inv_freq
 from specdec.models.packed import pack_weight, packed_bytes
 from specdec.models.runner import tensor_bytes
 from specdec.penalties import PenaltyRows, TokenHistory, adjust_logits, tree_paths
@@ -42,7 +42,7 @@ class EagleHead(nn.Module):
         self.layer = DecoderLayer(config)
         self.norm = RMSNorm(d, config.rms_norm_eps)
         self.rope = RopeTable(rope_inv_freq(config))
-        self.lm_head: nn.Linear | None = None
+        self.lm_head: nn.Module | None = None  # nn.Linear, a PackedLinear once packed
         if draft_vocab:
             self.lm_head = nn.Linear(d, draft_vocab, bias=False)
             self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
@@ -59,9 +59,9 @@ class EagleHead(nn.Module):
         self.layer.mlp.fuse()
         for fused in (self.layer.self_attn.qkv, self.layer.mlp.gate_up):
             fused.packed = pack_weight(fused.weight, fused.bias)
-        for linear in (self.fc, self.layer.self_attn.o_proj, self.layer.mlp.down_proj, self.lm_head):
-            if linear is not None:
-                linear.packed = pack_weight(linear.weight, linear.bias)
+        pack_linears(self, "fc", "lm_head")
+        pack_linears(self.layer.self_attn, "o_proj")
+        pack_linears(self.layer.mlp, "down_proj")
         return self
 
     def new_cache(self, max_len: int) -> KVCache:

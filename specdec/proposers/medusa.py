@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from specdec.errors import SpecdecError
-from specdec.models.llama import project
-from specdec.models.packed import pack_weight, packed_bytes
+from specdec.models.llama import pack_linears, project
+from specdec.models.packed import packed_bytes
 from specdec.models.runner import tensor_bytes
 from specdec.penalties import TokenHistory, adjust_logits
 from specdec.proposers.base import Proposal
@@ -41,7 +41,7 @@ class MedusaHeads(nn.Module):
     def pack_weights(self) -> MedusaHeads:
         """Weights packed once for oneDNN, for inference (see LlamaModel.pack_weights)."""
         for head in self.heads:
-            head.linear.packed = pack_weight(head.linear.weight, head.linear.bias)
+            pack_linears(head, "linear")
         return self
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
