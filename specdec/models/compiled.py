@@ -27,10 +27,10 @@ import types
 from collections.abc import Callable
 
 import torch
-import torch._inductor.config as inductor_config
 from torch import nn
 
 from specdec.cache import KVCache
+from specdec.kernels.torch_private import inductor_options
 
 # guards on the modules are skipped: checking them cost ~0.4 ms a pass here, and the weights are
 # frozen constants anyway (a model is compiled once, after its last change)
@@ -117,11 +117,11 @@ def compiled_forward(embed: nn.Module, layers: nn.ModuleList, norm: nn.Module,
         if args[0].shape[1] == 1:
             # read at the first pass: the weights are quantized after the graphs are set up
             call.one_row_gemm = call.one_row_gemm or one_row_gemm(layers)
-            with inductor_config.patch(freezing=True, **call.one_row_gemm):
+            with inductor_options(freezing=True, **call.one_row_gemm):
                 out = compiled_one(*args) if call.one_compiled else quietly(compiled_one, *args)
             call.one_compiled = True
             return out
-        with inductor_config.patch(freezing=True):
+        with inductor_options(freezing=True):
             return compiled_many(*args)
 
     call.passes = 0  # passes run compiled (the tests check that they did)

@@ -2,8 +2,8 @@
 
 On this CPU F.linear with a bfloat16 weight repacks the whole weight into oneDNN's blocked
 layout on every call; for a decode pass that is most of the cost. Packing once at load time
-(torch.ops.mkldnn._reorder_linear_weight, the op PyTorch's own inductor uses for frozen CPU
-linears) made SmolLM2's bf16 1-token pass 17.0 -> 14.0 ms here and its greedy decoding
+(oneDNN's reorder op, which PyTorch's own inductor uses for frozen CPU linears;
+kernels/torch_private.py) made SmolLM2's bf16 1-token pass 17.0 -> 14.0 ms here and its greedy decoding
 50.0 -> 64.4 tokens/s (bench/README.md).
 
 - bfloat16: the products are the same kernel's as F.linear's, and are checked at packing time
@@ -19,13 +19,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specdec.kernels.torch_private import mkldnn_linear, mkldnn_linear_available, mkldnn_pack, tensor_version
+
 CHECK_ROWS = (1, 2, 3, 5, 8, 16, 17, 33)
 PACKED_DTYPES = (torch.bfloat16, torch.float32)
 _verdicts: dict[tuple, bool] = {}  # (shape, dtype, bias, threads) -> packed products agree with F.linear's
 
 
 def packing_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return mkldnn_linear_available()
 
 
 class PackedWeight:
@@ -37,13 +39,13 @@ class PackedWeight:
         self._pack()
 
     def _pack(self) -> None:
-        self.version = self.weight._version
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().contiguous(), 1)
+        self.version = tensor_version(self.weight)
+        self.packed = mkldnn_pack(self.weight)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.weight._version != self.version:
+        if tensor_version(self.weight) != self.version:
             self._pack()
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, bias, "none", [], "")
+        return mkldnn_linear(x, self.packed, bias)
 
     @property
     def nbytes(self) -> int:

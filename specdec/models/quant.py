@@ -2,9 +2,9 @@
 kernels (gpt-fast's approach): decoding reads every weight once per pass, so halving (int8)
 or quartering (int4) the bytes read is what makes a memory-bound pass faster.
 
-- int8: symmetric, one scale per output channel (torch._weight_int8pack_mm).
+- int8: symmetric, one scale per output channel (kernels/torch_private.py).
 - int4: asymmetric, one scale and zero per group of `group_size` inputs
-  (torch._weight_int4pack_mm_for_cpu, gpt-fast's layout: w = (q - 8) * scale + zero).
+  (kernels/torch_private.py, gpt-fast's layout: w = (q - 8) * scale + zero).
 
 Exact mode computes int8 rows on the batch-invariant kernel (kernels/rows.cpp) and int4 rows
 one kernel call per row (exact.py): PyTorch's kernels give no such promise.
@@ -23,6 +23,7 @@ from torch import nn
 
 from specdec.errors import SpecdecError
 from specdec.kernels import invariant
+from specdec.kernels.torch_private import int4_pack, int4_weight_mm, int8_weight_mm
 from specdec.models.exact import rows_alone
 
 QUANT_MODES = ("int8", "int4")
@@ -57,8 +58,7 @@ class QuantizedLinear(nn.Module):
             low, high = groups.amin(-1), groups.amax(-1)
             scale = ((high - low) / 15).clamp_min(1e-12)
             q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32)
-            self.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu(
-                q.reshape(w.shape[0], in_features), 1))
+            self.register_buffer("qweight", int4_pack(q.reshape(w.shape[0], in_features)))
             zero = low + 8 * scale  # (q - 8) * scale + zero = q * scale + low
             self.register_buffer("scales", torch.stack([scale.t(), zero.t()], -1).to(weight.dtype).contiguous())
         else:
@@ -81,7 +81,7 @@ class QuantizedLinear(nn.Module):
         elif self.mode == "int4":
             y = self._int4_product(rows)
         elif rows.shape[0] <= KERNEL_MAX_ROWS:
-            y = torch._weight_int8pack_mm(rows, self.qweight, self.scales)
+            y = int8_weight_mm(rows, self.qweight, self.scales)
         else:
             y = F.linear(rows, self.dequantized())
         if self.bias is not None:
@@ -89,7 +89,7 @@ class QuantizedLinear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def _int4_product(self, rows: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int4pack_mm_for_cpu(rows, self.qweight, self.group_size, self.scales)
+        y = int4_weight_mm(rows, self.qweight, self.group_size, self.scales)
         return y[:, :self.out_features] if y.shape[1] != self.out_features else y
 
     def _exact_product(self, rows: torch.Tensor) -> torch.Tensor:
@@ -99,7 +99,7 @@ class QuantizedLinear(nn.Module):
             y = invariant.linear(rows, self.qweight, self.scales, out_dtype=self.dtype)
             if y is not None:
                 return y
-            return rows_alone(lambda row: torch._weight_int8pack_mm(row, self.qweight, self.scales), rows)
+            return rows_alone(lambda row: int8_weight_mm(row, self.qweight, self.scales), rows)
         return rows_alone(self._int4_product, rows)
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specdec.kernels.torch_private import compile_cpp_binding
+
 CHUNK = 256  # keys per work item (written into the C++ source below)
 MAX_HEAD_DIM, MAX_GROUP = 256, 16  # the sizes of the C++ kernel's scratch arrays
 
@@ -115,9 +117,7 @@ def _kernel():
     cache), or None if it cannot be built here."""
     if not _built:
         try:
-            from torch._inductor.codecache import CppPythonBindingsCodeCache
-
-            _built["kernel"] = CppPythonBindingsCodeCache.load_pybinding(_ARGTYPES, SOURCE, needs_vec_isa=True)
+            _built["kernel"] = compile_cpp_binding(_ARGTYPES, SOURCE)
         except Exception as error:  # no compiler, or an inductor without this interface
             _built["error"] = f"{type(error).__name__}: {error}"
     return _built.get("kernel")
