@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 import specdec
+from specdec.bench.llama_cpp import LlamaServer, find_llama_server, server_version
 from specdec.bundled import DEFAULT_TARGET, PACKAGED_MODELS, locate
 from specdec.chat_template import ChatTemplate
 from specdec.convert import convert
-from specdec.llama_cpp import LlamaServer, find_llama_server, server_version
 from specdec.models.checkpoint import load_native
 from specdec.prompts import build_suite, render_chat
 

@@ -14,9 +14,9 @@ import time
 import torch
 import torch.nn.functional as F
 
+from specdec.bench.pass_costs import streaming_bandwidth
 from specdec.kernels import build, invariant
 from specdec.models.packed import pack_weight
-from specdec.pass_costs import streaming_bandwidth
 
 SMOLLM2 = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}  # x30 layers
 SMOLLM2_HEAD = (49152, 576)

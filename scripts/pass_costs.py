@@ -14,10 +14,10 @@ import sys
 
 import torch
 
+from specdec.bench.pass_costs import median_pass_ms
 from specdec.models.checkpoint import load_native, open_model
 from specdec.models.quant import quantize_model
 from specdec.models.runner import NativeRunner
-from specdec.pass_costs import median_pass_ms
 
 WIDTHS = (1, 2, 4, 8, 16, 32, 256)
 

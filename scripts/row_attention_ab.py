@@ -15,8 +15,8 @@ import json
 import torch
 
 from specdec.api import load_runner
+from specdec.bench.pass_costs import median_pass_ms
 from specdec.models import row_attention
-from specdec.pass_costs import median_pass_ms
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ if [ -n "$LLAMA_CONFIGS" ]; then
 import sys
 from pathlib import Path
 
-from specdec.bench_peers import GGUF_OUTTYPES, llama_cpp_gguf
+from specdec.bench.peers import GGUF_OUTTYPES, llama_cpp_gguf
 from specdec.models.checkpoint import open_model, parse_dtype
 
 target, dtype, cache = sys.argv[1:]

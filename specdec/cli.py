@@ -103,7 +103,9 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specdec import bench, bench_serve, chat_cli, convert, lossless_check
+    from specdec import chat_cli, convert, lossless_check
+    from specdec.bench import methods as bench
+    from specdec.bench import serve as bench_serve
     from specdec.server import cli as server_cli
     from specdec.train import cli as train_cli
 

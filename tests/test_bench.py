@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 import specdec
-from specdec.bench import SpecdecRunner
+from specdec.bench.methods import SpecdecRunner
 from specdec.cli import main
 from specdec.errors import SpecdecError
 
@@ -61,7 +61,7 @@ def test_bench_rejects_unknown_method(tmp_path, capsys):
 def test_bench_fast_suffix_turns_exact_mode_off(tmp_path):
     from contextlib import ExitStack
 
-    from specdec.bench import make_runner
+    from specdec.bench.methods import make_runner
     from specdec.text import TextTokenizer
 
     target = make_model_dir(tmp_path / "t", layers=1, max_pos=2048)
@@ -112,7 +112,7 @@ def test_chat_prompts_render_with_the_models_template():
 
 
 def test_defaults_follow_the_target(tmp_path):
-    from specdec.bench import default_methods, default_tasks
+    from specdec.bench.methods import default_methods, default_tasks
     from specdec.text import TextTokenizer
 
     assert default_methods(None, None, None) == ["none", "draft", "ngram", "medusa", "eagle", "hf",
@@ -161,7 +161,7 @@ def test_pass_costs_table_and_json(tmp_path, capsys, monkeypatch):
 
 def test_compiled_pass_costs_time_the_compiled_passes_too(tmp_path):
     """What `bench --pass-costs` adds when NAME@compile methods ran (no llama.cpp build given)."""
-    from specdec.pass_costs import pass_cost_curves
+    from specdec.bench.pass_costs import pass_cost_curves
 
     target = make_model_dir(tmp_path / "t", layers=2, max_pos=2048)
     eager, compiled = pass_cost_curves(target, "float32", None, 32, None, None, compiled=True)

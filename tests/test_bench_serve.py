@@ -20,8 +20,8 @@ pytest.importorskip("prometheus_client")
 from test_server import API_KEY, AUTH, LiveServer, one_torch_thread, parse_metrics  # noqa: E402, F401
 
 import specdec  # noqa: E402
+from specdec.bench.serve_load import Endpoint, LoadSpec, RequestRecord, run_level, summarize  # noqa: E402
 from specdec.cli import main  # noqa: E402
-from specdec.serve_load import Endpoint, LoadSpec, RequestRecord, run_level, summarize  # noqa: E402
 from specdec.server.app import ServerSettings, create_app  # noqa: E402
 from specdec.server.metrics import Metrics  # noqa: E402
 from specdec.server.worker import EngineWorker, Job  # noqa: E402
@@ -308,7 +308,7 @@ def test_batched_running_waiting_and_queue_time(model_dir):
 def test_started_servers(model_dir, tmp_path, capsys, monkeypatch):
     """`specdec serve` started in a subprocess (and llama-server on a GGUF of the same weights
     when a llama.cpp build is found), measured one after the other."""
-    from specdec.llama_cpp import find_llama_server
+    from specdec.bench.llama_cpp import find_llama_server
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "r.json"

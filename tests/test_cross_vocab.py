@@ -374,7 +374,7 @@ def test_specdec_verify_checks_a_cross_vocab_pair(char_pair, capsys, temperature
 def test_bench_runs_both_cross_vocab_variants(near_char_pair):
     from contextlib import ExitStack
 
-    from specdec.bench import make_runner
+    from specdec.bench.methods import make_runner
 
     target, draft = near_char_pair
     setup = dict(target=target, draft=draft, dtype="float32", heads={}, draft_tokens=3)
@@ -403,7 +403,7 @@ def test_bench_peer_runs_universal_assisted_generation(near_bpe_pair):
     pair's is (AssistantToTargetTranslator.assistant_overlap_token_ids is never set); with
     SmolLM2 and pycode-draft both temperatures run."""
     pytest.importorskip("transformers")
-    from specdec.bench_peers import TransformersPeer
+    from specdec.bench.peers import TransformersPeer
 
     target, draft = near_bpe_pair
     peer = TransformersPeer("hf-assisted", target, draft, TextTokenizer(target))

@@ -1,4 +1,4 @@
-"""The llama-server driver (specdec.llama_cpp) and the llama.cpp bench peer, against a fake
+"""The llama-server driver (specdec.bench.llama_cpp) and the llama.cpp bench peer, against a fake
 server (tests/fake_llama_server.py); plus one check against a real llama.cpp build, which
 skips when none is found ($SPECDEC_LLAMA_CPP or llama-server on PATH)."""
 import json
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 import specdec
+from specdec.bench.llama_cpp import ENV_VAR, LlamaServer, find_llama_server, server_version
 from specdec.bundled import DEFAULT_TARGET
 from specdec.cli import main
 from specdec.convert import convert
 from specdec.errors import SpecdecError
-from specdec.llama_cpp import ENV_VAR, LlamaServer, find_llama_server, server_version
 
 from helpers import make_model_dir
 

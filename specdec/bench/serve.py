@@ -21,13 +21,13 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from specdec.bench.llama_cpp import ENV_VAR, SPEC_ARGS, LlamaServer, find_llama_server, server_version
+from specdec.bench.serve_load import APIS, Endpoint, LevelReport, LoadSpec, run_level, served_model
 from specdec.bundled import DEFAULT_TARGET
 from specdec.cli_common import check_at_least
 from specdec.errors import SpecdecError
 from specdec.extras import require
-from specdec.llama_cpp import ENV_VAR, SPEC_ARGS, LlamaServer, find_llama_server, server_version
 from specdec.prompts import CHAT_TASKS, TASKS, build_suite, render_chat, render_fim
-from specdec.serve_load import APIS, Endpoint, LevelReport, LoadSpec, run_level, served_model
 
 # llama.cpp configurations: llama_cpp.SPEC_ARGS, and a draft model (--draft or --llama-draft-gguf)
 LLAMA_CONFIGS = (*SPEC_ARGS, "draft")
@@ -56,7 +56,7 @@ class SpecdecServer:
     """`specdec serve` in a subprocess on a free port; a context manager."""
 
     def __init__(self, args: list[str], startup_seconds: float = STARTUP_SECONDS):
-        from specdec.llama_cpp import _free_port
+        from specdec.bench.llama_cpp import _free_port
 
         self.port = _free_port()
         self.command = [sys.executable, "-m", "specdec.cli", "serve", "--port", str(self.port),
@@ -214,7 +214,7 @@ def build_targets(args: argparse.Namespace, shared: ExitStack) -> list[Target]:
                 if given:
                     gguf[key] = Path(given)
                 else:
-                    from specdec.bench_peers import llama_cpp_gguf
+                    from specdec.bench.peers import llama_cpp_gguf
 
                     folder = Path(shared.enter_context(tempfile.TemporaryDirectory(prefix="specdec-bench-serve-")))
                     gguf[key] = llama_cpp_gguf(model, args.dtype, folder)

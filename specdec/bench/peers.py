@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
+from specdec.bench.llama_cpp import LlamaServer
 from specdec.convert import hf_to_gguf
-from specdec.llama_cpp import LlamaServer
 from specdec.models.checkpoint import open_model, parse_dtype
 from specdec.models.runner import tensor_bytes
 from specdec.stats import GenerationStats
