@@ -126,16 +126,7 @@ class LlamaServer:
         raise SpecdecError(message)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self.log is not None:
-            self.log.close()
-            Path(self.log.name).unlink(missing_ok=True)  # its tail is in any error raised before
+        stop_server(self.process, self.log, timeout=10)
 
     def __enter__(self) -> LlamaServer:
         return self.start()
@@ -188,3 +179,18 @@ class LlamaServer:
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")[:500]
             raise SpecdecError(f"{SERVER} answered {e.code} on {route}: {detail}") from None
+
+
+def stop_server(process: subprocess.Popen | None, log, timeout: float) -> None:
+    """Terminate a server process started here (kill it after `timeout` s) and delete its log file
+    (its tail is in any error raised before)."""
+    if process is not None and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    if log is not None:
+        log.close()
+        Path(log.name).unlink(missing_ok=True)

@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specdec.bench.llama_cpp import ENV_VAR, SPEC_ARGS, LlamaServer, find_llama_server, server_version
+from specdec.bench.llama_cpp import ENV_VAR, SPEC_ARGS, LlamaServer, find_llama_server, server_version, stop_server
 from specdec.bench.serve_load import APIS, Endpoint, LevelReport, LoadSpec, run_level, served_model
 from specdec.bundled import DEFAULT_TARGET
 from specdec.cli_common import check_at_least
@@ -92,16 +92,7 @@ class SpecdecServer:
         raise SpecdecError(message)
 
     def __exit__(self, *exc) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self.log is not None:
-            self.log.close()
-            Path(self.log.name).unlink(missing_ok=True)
+        stop_server(self.process, self.log, timeout=15)
 
     def log_tail(self, lines: int = 20) -> str:
         self.log.flush()
