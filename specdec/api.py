@@ -12,7 +12,7 @@ from specdec.controller_memory import ControllerMemory, default_path
 from specdec.engine import Engine, GenerationResult, StreamChunk
 from specdec.errors import SpecdecError
 from specdec.fim import FimPrompt, FimTokens, fim_prompt, find_fim_tokens, require_fim_tokens
-from specdec.grammar import grammar_from_response_format
+from specdec.grammar import Grammar, grammar_from_response_format
 from specdec.models.checkpoint import load_native, open_model, parse_dtype
 from specdec.models.config import SUPPORTED_MODEL_TYPES
 from specdec.models.gguf import release_readers
@@ -189,6 +189,11 @@ class SpecDecoder:
         """Largest number of drafted tokens (tree nodes for tree methods) one step may verify."""
         return self.engine.max_draft_tokens if self.speculative else 0
 
+    def check_grammar(self, grammar: Grammar) -> None:
+        """Compile the grammar for this tokenizer now (cached): a bad one is a SpecdecError here,
+        not in the middle of a generation."""
+        self.engine.grammars.check(grammar)
+
     def memory_bytes(self) -> int:
         """Bytes held by the target and draft models (weights and KV caches)."""
         return self.engine.memory_bytes()
@@ -234,8 +239,12 @@ class SpecDecoder:
         sampling["stop_token_ids"] = (*sampling.get("stop_token_ids", ()), *prompt.stop_token_ids)
         return self.generate(prompt.ids, **sampling)
 
-    def stream(self, prompt: str | list[int], **sampling) -> Iterator[StreamChunk]:
-        params = self.sampling_params(**sampling)
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None,
+               **sampling) -> Iterator[StreamChunk]:
+        """Decode step by step; `params` (built, e.g. by the server's validation) or keyword arguments."""
+        if params is not None and sampling:
+            raise SpecdecError("give either params or sampling keyword arguments, not both")
+        params = params if params is not None else self.sampling_params(**sampling)
         self.engine.encode_prompt(prompt)  # fail before the first chunk
         return self.engine.stream(prompt, params)
 

@@ -22,6 +22,7 @@ from test_server import API_KEY, AUTH, LiveServer, one_torch_thread, parse_metri
 import specdec  # noqa: E402
 from specdec.bench.serve_load import Endpoint, LoadSpec, RequestRecord, run_level, summarize  # noqa: E402
 from specdec.cli import main  # noqa: E402
+from specdec.sampling import SamplingParams
 from specdec.server.app import ServerSettings, create_app  # noqa: E402
 from specdec.server.metrics import Metrics  # noqa: E402
 from specdec.server.worker import EngineWorker, Job  # noqa: E402
@@ -279,7 +280,7 @@ def test_batched_running_waiting_and_queue_time(model_dir):
     read = lambda: parse_metrics(metrics.render().decode())
     try:
         ids = decoder.tokenizer.encode("def add")
-        jobs = [Job(ids, [{"max_new_tokens": 50}], False, loop) for _ in range(3)]
+        jobs = [Job(ids, [SamplingParams(max_new_tokens=50)], False, loop) for _ in range(3)]
         for job in jobs:
             worker.submit(job)
         assert read()["specdec:num_requests_waiting"] == 3

@@ -1022,9 +1022,9 @@ class GatedDecoder:
     def __getattr__(self, name):
         return getattr(self._decoder, name)
 
-    def stream(self, prompt, **sampling):
+    def stream(self, prompt, params=None, **sampling):
         assert self.gate.wait(30)
-        return self._decoder.stream(prompt, **sampling)
+        return self._decoder.stream(prompt, params, **sampling)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from test_server import API_KEY, AUTH, LiveServer, one_torch_thread  # noqa: E40
 
 import specdec  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402
+from specdec.sampling import SamplingParams
 from specdec.server.app import ServerSettings, create_app  # noqa: E402
 
 from helpers import make_model_dir  # noqa: E402
@@ -148,14 +149,14 @@ def test_full_batch_leaves_jobs_queued(model_dir):
     loop = asyncio.new_event_loop()
     try:
         ids = decoder.tokenizer.encode("def add")
-        first = Job(ids, [{"max_new_tokens": 50}] * 3, False, loop)  # n = 3 choices
-        second = Job(ids, [{"max_new_tokens": 50}], False, loop)
+        first = Job(ids, [SamplingParams(max_new_tokens=50)] * 3, False, loop)  # n = 3 choices
+        second = Job(ids, [SamplingParams(max_new_tokens=50)], False, loop)
         worker.submit(first)
         worker._admit(block=False)
         assert len(worker.batch) == 2 and len(worker._jobs[0].waiting) == 1
         worker.submit(second)
         with pytest.raises(QueueFull):
-            worker.submit(Job(ids, [{}], False, loop))
+            worker.submit(Job(ids, [SamplingParams()], False, loop))
         worker._deliver(worker.batch.step())
         worker._admit(block=False)
         assert worker.queue.qsize() == 1  # no free slot: the second job still waits
@@ -187,21 +188,21 @@ def test_jobs_cancelled_while_queued_free_their_places(model_dir):
     try:
         ids = decoder.tokenizer.encode("def add")
         for _ in range(2):  # the batch is full
-            worker.submit(Job(ids, [{"max_new_tokens": 50}], False, loop))
+            worker.submit(Job(ids, [SamplingParams(max_new_tokens=50)], False, loop))
         worker._admit(block=False)
-        gone = [Job(ids, [{"max_new_tokens": 50}], True, loop) for _ in range(2)]
+        gone = [Job(ids, [SamplingParams(max_new_tokens=50)], True, loop) for _ in range(2)]
         for job in gone:
             worker.submit(job)
         gone[0].cancel()
         assert value(metrics.num_requests_waiting) == 1 and worker.queue.qsize() == 2
         gone[1].cancel()
-        fresh = Job(ids, [{"max_new_tokens": 5}], False, loop)
+        fresh = Job(ids, [SamplingParams(max_new_tokens=5)], False, loop)
         worker.submit(fresh)  # both abandoned jobs leave the queue
         assert list(worker.queue.queue) == [fresh]
         assert value(metrics.requests_cancelled) == 2
-        worker.submit(Job(ids, [{}], False, loop))
+        worker.submit(Job(ids, [SamplingParams()], False, loop))
         with pytest.raises(QueueFull):  # live jobs still fill it
-            worker.submit(Job(ids, [{}], False, loop))
+            worker.submit(Job(ids, [SamplingParams()], False, loop))
         loop.run_until_complete(asyncio.sleep(0))  # deliver the posted events
         assert all(job.events.get_nowait().kind == "end" for job in gone)
     finally:

@@ -166,7 +166,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 def submit(state: ServerState, req: GenerationRequest) -> Job:
     """The request's job, queued for the engine worker (a 429 when the queue is full)."""
-    job = Job(req.prompt_ids, req.samplings(), req.stream, asyncio.get_running_loop(),
+    job = Job(req.prompt_ids, req.sampling_params(), req.stream, asyncio.get_running_loop(),
               prompts=[req.prompt_of(i).ids for i in range(req.num_choices)], prompt_tokens=req.prompt_tokens)
     try:
         state.worker.submit(job)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from specdec.api import SpecDecoder
 from specdec.chat_template import ChatTemplate, ChatTemplateError
 from specdec.errors import SpecdecError
 from specdec.fim import fim_prompt, find_fim_tokens
@@ -24,6 +25,7 @@ from specdec.sampling import (
     SAMPLING_BOUNDS,
     SEED_MODES,
     Bounds,
+    SamplingParams,
     is_integer,
     is_number,
 )
@@ -129,11 +131,16 @@ class GenerationRequest:
     def prompt_of(self, choice: int) -> Prompt:
         return self.prompts[choice // self.n]
 
-    def samplings(self) -> list[dict]:
-        """Per-choice sampling arguments: the i-th choice of a prompt uses seed + i when a seed
-        is given (so a prompt in a batch gets the choices it would get alone)."""
-        return [{**self.sampling, "seed": None if self.seed is None else self.seed + choice % self.n}
-                for choice in range(self.num_choices)]
+    def sampling_params(self) -> list[SamplingParams]:
+        """Per-choice SamplingParams: the i-th choice of a prompt uses seed + i when a seed is
+        given (so a prompt in a batch gets the choices it would get alone); a setting the
+        sampler refuses is a 400 here, before the request is queued."""
+        try:
+            return [SpecDecoder.sampling_params(**self.sampling,
+                                                seed=None if self.seed is None else self.seed + choice % self.n)
+                    for choice in range(self.num_choices)]
+        except SpecdecError as e:
+            raise bad_request(str(e)) from None
 
 
 def _is_off(value, off_values: tuple) -> bool:
@@ -231,7 +238,7 @@ class RequestParser:
         self.tokenizer = decoder.tokenizer
         self.context_window = decoder.context_window
         self.vocab_size = decoder.vocab_size
-        self.grammars = decoder.engine.grammars
+        self.check_grammar = decoder.check_grammar
         self.served_name = served_name
         self.max_tokens_limit = max_tokens_limit
         self.chat_template = chat_template
@@ -279,7 +286,7 @@ class RequestParser:
                     raise bad_request("tool_choice required (or a named function) cannot be combined with "
                                       "response_format", "tool_choice")
                 try:
-                    self.grammars.check(grammar)
+                    self.check_grammar(grammar)
                 except SpecdecError as e:
                     raise bad_request(f"a tool's parameters are not a usable JSON schema: {e}", "tools") from None
                 req.sampling["grammar"] = grammar
@@ -327,7 +334,7 @@ class RequestParser:
         try:
             grammar = grammar_from_response_format(body.get("response_format"))
             if grammar is not None:
-                self.grammars.check(grammar)  # compiled now: a bad schema is the client's 400
+                self.check_grammar(grammar)  # compiled now: a bad schema is the client's 400
         except SpecdecError as e:
             raise bad_request(str(e), "response_format") from None
         return grammar

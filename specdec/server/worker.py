@@ -34,6 +34,7 @@ from typing import Any
 
 from specdec.batch_engine import BATCHED_METHODS
 from specdec.errors import SpecdecError
+from specdec.sampling import SamplingParams
 from specdec.server.errors import ApiError
 
 log = logging.getLogger("specdec.server")
@@ -55,7 +56,7 @@ class Job:
     """One request's choices. prompt_ids: the prompt every choice continues, or with
     `prompts` (batched completions prompts) the first one; prompts[i]: choice i's prompt."""
 
-    def __init__(self, prompt_ids: list[int], samplings: list[dict], stream: bool,
+    def __init__(self, prompt_ids: list[int], samplings: list[SamplingParams], stream: bool,
                  loop: asyncio.AbstractEventLoop, prompts: list[list[int]] | None = None,
                  prompt_tokens: int | None = None):
         self.prompt_ids = prompt_ids
@@ -119,7 +120,7 @@ class JobQueue(queue.Queue):
 class RunningJob:
     """A job in the batch: its choices waiting for a slot and its sequences in the batch."""
     job: Job
-    waiting: deque = field(default_factory=deque)  # (index, sampling) not yet in the batch
+    waiting: deque = field(default_factory=deque)  # (index, SamplingParams) not yet in the batch
     running: dict = field(default_factory=dict)  # id(seq) -> (seq, index)
 
 
@@ -273,7 +274,7 @@ class EngineWorker:
         for index, sampling in enumerate(job.samplings):
             if job.cancelled:
                 break
-            gen = self.decoder.stream(job.prompts[index], **sampling)
+            gen = self.decoder.stream(job.prompts[index], sampling)
             try:
                 for chunk in gen:
                     generated = self._count(job, index, chunk)
@@ -324,7 +325,7 @@ class EngineWorker:
                 self._jobs.append(running)
             index, sampling = running.waiting.popleft()
             try:
-                seq = self.batch.add(running.job.prompts[index], self.decoder.sampling_params(**sampling))
+                seq = self.batch.add(running.job.prompts[index], sampling)
             except SpecdecError as e:
                 self._end(running, ApiError(400, str(e)))
                 continue
