@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -9,6 +10,7 @@ import torch
 from specdec.batch_engine import BatchEngine
 from specdec.bundled import DEFAULT_TARGET, default_head, default_quantize
 from specdec.controller_memory import ControllerMemory, default_path
+from specdec.decoder_config import DecoderConfig
 from specdec.engine import Engine, GenerationResult, StreamChunk
 from specdec.errors import SpecdecError
 from specdec.fim import FimPrompt, FimTokens, fim_prompt, find_fim_tokens, require_fim_tokens
@@ -20,13 +22,10 @@ from specdec.models.grouped import GroupedLinear, requantize_to_4bit
 from specdec.models.quant import DEFAULT_GROUP_SIZE, LOAD_MODES, quantize_model
 from specdec.models.runner import NativeRunner
 from specdec.proposers import DraftModelProposer, PromptLookupProposer
-from specdec.proposers.cross_vocab import CROSS_VOCAB_MODES, cross_vocab_proposer
+from specdec.proposers.cross_vocab import cross_vocab_proposer
 from specdec.proposers.vocab_map import same_tokenizer
 from specdec.sampling import SamplingParams
 from specdec.text import TextTokenizer
-
-METHODS = ("none", "draft", "ngram", "medusa", "eagle")
-MAX_DRAFT_TOKENS_LIMIT = 64
 
 
 def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: int | None = None,
@@ -141,13 +140,6 @@ def cut_draft_head(runner, tokenizer, rows: int) -> None:
     if not grouped:
         raise SpecdecError("--draft-vocab needs a draft model on a GGUF's own blocks (--quantize gguf)")
     restrict_head(runner.model, frequent_tokens(tokenizer, runner.vocab_size, rows))
-
-
-def _check_draft_tokens(name: str, k: int | None) -> None:
-    if k is None:
-        return
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_DRAFT_TOKENS_LIMIT:
-        raise SpecdecError(f"{name} must be an integer in [1, {MAX_DRAFT_TOKENS_LIMIT}], got {k!r}")
 
 
 class SpecDecoder:
@@ -279,110 +271,72 @@ def _where(model: Path | None) -> str:
     return str(model.resolve() if model is not None and model.exists() else model)
 
 
-def load(target: str | Path | None = None, draft: str | Path | None = None, method: str = "none",
-         dtype: str = "float32", backend: str = "auto", draft_tokens: int | None = None,
-         max_draft_tokens: int = 8, max_len: int | None = None,
-         tree_nodes: int | None = None, typical_acceptance: bool = False, calibrate: bool = True,
-         exact: bool | None = None, quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE,
-         cross_vocab: str = "auto", pack: bool = True, compile: bool = False,
-         memory: bool | str | Path = True, draft_4bit: bool | None = None, reuse_prefix: bool = True,
-         draft_vocab: int = 0) -> SpecDecoder:
-    """Load a target (None = the bundled model) and, for method='draft', a draft model
-    (None = the bundled draft when the target is bundled); for 'medusa'/'eagle', `draft` is
-    the head folder. draft_tokens fixes K (chain) or the tree size; by default they adapt per
-    step up to max_draft_tokens (chain) or tree_nodes (trees). typical_acceptance=True is
-    LOSSY (Medusa's typical acceptance for tree methods at T > 0): outputs no longer follow
-    the target's distribution exactly. calibrate=True times (and so warms up) the passes
-    decoding uses, at load: the first generation is then neither slowed by cold kernels nor
-    steered by guessed costs. exact=True makes every target pass batch-invariant (native
-    runtime): each row's logits are bit for bit those of a 1-token pass, so greedy output is
-    identical to plain decoding in every dtype; exact=False uses the fastest kernels (greedy
-    output may then diverge where logits nearly tie); None: on for bfloat16/float16. quantize:
-    "int8" or "int4" (group_size inputs per scale; bfloat16 only) weight-only quantization of
-    the target's and the draft model's projections; lossless with respect to the quantized
-    target. A draft model with another tokenizer than the target's is used through the
-    vocabularies' shared tokens (proposers/cross_vocab.py); cross_vocab: "auto" (greedy:
-    the draft's text re-encoded into target tokens; sampling: token-level intersection),
-    "tli" (intersection always) or "string" (same as auto: string-level is greedy only).
-    pack=True packs the projection weights once for oneDNN's matmul (models/packed.py): 1.2-1.3x
-    faster decoding here, at the cost of a second copy of those weights in memory; False
-    keeps the memory and the unpacked kernels. compile=True runs the target's (and draft
-    model's) passes through PyTorch's inductor (models/compiled.py): faster passes after
-    35-90 s of compilation at load, with the fastest kernels (exact=False; exact=True is
-    refused). memory=True lets the draft-length / tree-size controllers start from what earlier
-    processes learned with this same setup on this machine, and leave what they learn
-    (controller_memory.py: ~/.cache/specdec/controllers.json, or $SPECDEC_CONTROLLER_MEMORY, which
-    "off" turns off); a path uses that file; False keeps nothing. Output never depends on it.
-    draft_4bit: a GGUF draft model's one-value-a-byte projections rounded to 4 bits (None: on for
-    drafts on a GGUF's blocks): a cheaper draft pass, lossless as any draft. reuse_prefix=True keeps
-    the cache entries of a prompt's leading tokens that the previous generation left (an editor's
-    requests share most of their text) where they are bit for bit what a fresh prefill writes
-    (models on a GGUF's blocks): the output is the same either way, only the prefill is shorter.
-    draft_vocab: a GGUF draft's output head cut to that many of its most frequent tokens
-    (frequent_tokens.py; 0: all): a cheaper draft pass, whose distribution is its softmax over those
-    tokens; lossless, as any draft."""
-    if method not in METHODS:
-        raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if cross_vocab not in CROSS_VOCAB_MODES:
-        raise SpecdecError(f"unknown cross_vocab {cross_vocab!r}; choose one of {', '.join(CROSS_VOCAB_MODES)}")
-    parse_dtype(dtype)
-    if compile and exact:
-        raise SpecdecError("--compile runs the fastest kernels, not exact mode's: drop --exact (or --compile)")
-    _check_draft_tokens("draft_tokens", draft_tokens)
-    _check_draft_tokens("max_draft_tokens", max_draft_tokens)
-    _check_draft_tokens("tree_nodes", tree_nodes)
-    target_path = Path(target) if target is not None else DEFAULT_TARGET
-    quantize = quantize if quantize is not None else default_quantize(target)
-    target_runner = load_runner(target_path, dtype, backend, max_len, quantize, group_size, pack, compile)
+def load(target: str | Path | None = None, draft: str | Path | None = None, **options) -> SpecDecoder:
+    """Load a decoder: the target (None = the bundled model), its draft model or head, and what
+    DecoderConfig's other fields (keyword arguments here) ask for."""
+    known = {f.name for f in fields(DecoderConfig)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise SpecdecError(f"load() got unknown option(s) {', '.join(map(repr, unknown))}; the options are "
+                           f"DecoderConfig's fields: {', '.join(sorted(known))}")
+    return load_config(DecoderConfig(target=target, draft=draft, **options))
+
+
+def load_config(config: DecoderConfig) -> SpecDecoder:
+    """The decoder DecoderConfig describes (checked first: a clear error for each bad field)."""
+    config.check()
+    c = config
+    target_path = Path(c.target) if c.target is not None else DEFAULT_TARGET
+    quantize = c.quantize if c.quantize is not None else default_quantize(c.target)
+    target_runner = load_runner(target_path, c.dtype, c.backend, c.max_len, quantize, c.group_size, c.pack,
+                                c.compile)
     tokenizer = TextTokenizer(target_path)
     target_eos = eos_token_ids(target_path)
     release_readers()  # the target's parsed GGUF is no longer needed: ~0.5-0.8 GB for a 152k vocabulary
     draft_path = None
     proposer = None
-    if method == "draft":
-        draft_path = Path(draft) if draft is not None else default_head(target, "draft")
+    if c.method == "draft":
+        draft_path = Path(c.draft) if c.draft is not None else default_head(c.target, "draft")
         if draft_path is None:
             raise SpecdecError("method 'draft' needs a draft model (--draft DIR): none is shipped for "
                                "this target")
-        draft_runner = load_runner(draft_path, dtype, backend, target_runner.max_len, quantize, group_size, pack,
-                                   compile)
+        draft_runner = load_runner(draft_path, c.dtype, c.backend, target_runner.max_len, quantize, c.group_size,
+                                   c.pack, c.compile)
         draft_tokenizer = TextTokenizer(draft_path)
         release_readers()
         if not same_tokenizer(draft_tokenizer.tok, tokenizer.tok):  # another vocabulary: proposers/cross_vocab.py
             proposer = cross_vocab_proposer(draft_runner, draft_tokenizer.tok, tokenizer.tok,
-                                            target_runner.vocab_size, cross_vocab)
+                                            target_runner.vocab_size, c.cross_vocab)
         elif draft_runner.vocab_size != target_runner.vocab_size:
             raise SpecdecError(f"draft vocabulary size {draft_runner.vocab_size} differs from the "
                                f"target's {target_runner.vocab_size} although their tokenizers are the same")
         else:
-            draft_to_4bit(draft_runner, draft_4bit)
-            cut_draft_head(draft_runner, draft_tokenizer.tok, draft_vocab)
+            draft_to_4bit(draft_runner, c.draft_4bit)
+            cut_draft_head(draft_runner, draft_tokenizer.tok, c.draft_vocab)
             proposer = DraftModelProposer(draft_runner)
-    elif method == "ngram":
+    elif c.method == "ngram":
         proposer = PromptLookupProposer()
-    elif method in ("medusa", "eagle"):
+    elif c.method in ("medusa", "eagle"):
         if not target_runner.supports_tree:
-            raise SpecdecError(f"method {method!r} needs the native runtime (llama, mistral, qwen2)")
-        draft_path = Path(draft) if draft is not None else default_head(target, method)
+            raise SpecdecError(f"method {c.method!r} needs the native runtime (llama, mistral, qwen2)")
+        draft_path = Path(c.draft) if c.draft is not None else default_head(c.target, c.method)
         if draft_path is None:
-            raise SpecdecError(f"method {method!r} needs a {method} head folder (--draft DIR): none is "
+            raise SpecdecError(f"method {c.method!r} needs a {c.method} head folder (--draft DIR): none is "
                                "shipped for this target")
-        proposer = head_proposer(method, draft_path, target_runner, tree_nodes, pack)
-    elif draft is not None:
-        raise SpecdecError(f"a draft model was given but method is {method!r}; use method 'draft'")
-    if typical_acceptance and method not in ("medusa", "eagle"):
-        raise SpecdecError("typical acceptance applies to the tree methods (medusa, eagle) only")
-    exact = exact if exact is not None else default_exact(dtype, compile)
-    memory_path = default_path() if memory is True else Path(memory) if memory else None
+        proposer = head_proposer(c.method, draft_path, target_runner, c.tree_nodes, c.pack)
+    elif c.draft is not None:
+        raise SpecdecError(f"a draft model was given but method is {c.method!r}; use method 'draft'")
+    exact = c.exact if c.exact is not None else default_exact(c.dtype, c.compile)
+    memory_path = default_path() if c.memory is True else Path(c.memory) if c.memory else None
     # the setup a controller's learned acceptance and costs belong to (plus machine and sampling)
-    setup = (f"{_where(target_path)}|{method}|{_where(draft_path)}|{dtype}|{backend}|"
-             f"exact={exact}|{quantize}/{group_size}|pack={pack}|compile={compile}|{cross_vocab}|"
-             f"nodes={tree_nodes}|max_k={max_draft_tokens}|draft_vocab={draft_vocab}")
-    engine = Engine(target_runner, tokenizer, proposer, method, target_eos,
-                    max_draft_tokens=draft_tokens or max_draft_tokens, fixed_draft_tokens=draft_tokens,
-                    typical_acceptance=typical_acceptance, exact=exact,
+    setup = (f"{_where(target_path)}|{c.method}|{_where(draft_path)}|{c.dtype}|{c.backend}|"
+             f"exact={exact}|{quantize}/{c.group_size}|pack={c.pack}|compile={c.compile}|{c.cross_vocab}|"
+             f"nodes={c.tree_nodes}|max_k={c.max_draft_tokens}|draft_vocab={c.draft_vocab}")
+    engine = Engine(target_runner, tokenizer, proposer, c.method, target_eos,
+                    max_draft_tokens=c.draft_tokens or c.max_draft_tokens, fixed_draft_tokens=c.draft_tokens,
+                    typical_acceptance=c.typical_acceptance, exact=exact,
                     memory=ControllerMemory(memory_path) if memory_path is not None else None, memory_setup=setup,
-                    reuse_prefix=reuse_prefix)
-    if calibrate:
+                    reuse_prefix=c.reuse_prefix)
+    if c.calibrate:
         engine.calibrate()
     return SpecDecoder(engine, target_path, draft_path)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.api import METHODS, SpecDecoder, load
+from specdec.api import SpecDecoder, load_config
+from specdec.decoder_config import METHODS, DecoderConfig
 from specdec.engine import GenerationStats
 from specdec.errors import SpecdecError
 from specdec.grammar import Grammar
@@ -164,23 +165,22 @@ def sampling(args: argparse.Namespace) -> dict:
                 repetition_penalty=args.repetition_penalty, grammar=grammar(args))
 
 
-def load_options(args: argparse.Namespace, **overrides) -> dict:
-    """specdec.load()'s keyword arguments from the options of add_model_args; `overrides` replace any
-    of them (a plain dict: `serve --ray` sends it to the replicas, which load the model themselves)."""
-    options = dict(target=args.target, draft=args.draft, method=args.method, dtype=args.dtype,
-                   backend=args.backend, draft_tokens=args.draft_tokens, max_draft_tokens=args.max_draft_tokens,
-                   tree_nodes=args.tree_nodes, typical_acceptance=args.typical_acceptance, exact=args.exact,
-                   quantize=args.quantize, group_size=args.group_size, cross_vocab=getattr(args, "cross_vocab", "auto"),
-                   pack=getattr(args, "pack", True), compile=getattr(args, "compile", False),
-                   memory=getattr(args, "memory", True), draft_4bit=getattr(args, "draft_4bit", None),
-                   draft_vocab=getattr(args, "draft_vocab", 0))
-    options.update(overrides)
-    return options
+def decoder_config(args: argparse.Namespace, **overrides) -> DecoderConfig:
+    """The DecoderConfig the options of add_model_args describe; `overrides` replace any field
+    (`serve --ray` sends it to the replicas, which load the model themselves)."""
+    fields = dict(target=args.target, draft=args.draft, method=args.method, dtype=args.dtype,
+                  backend=args.backend, draft_tokens=args.draft_tokens, max_draft_tokens=args.max_draft_tokens,
+                  tree_nodes=args.tree_nodes, typical_acceptance=args.typical_acceptance, exact=args.exact,
+                  quantize=args.quantize, group_size=args.group_size, cross_vocab=getattr(args, "cross_vocab", "auto"),
+                  pack=getattr(args, "pack", True), compile=getattr(args, "compile", False),
+                  memory=getattr(args, "memory", True), draft_4bit=getattr(args, "draft_4bit", None),
+                  draft_vocab=getattr(args, "draft_vocab", 0))
+    return DecoderConfig(**{**fields, **overrides})
 
 
 def load_decoder(args: argparse.Namespace, **overrides) -> SpecDecoder:
     """specdec.load() with the options of add_model_args; `overrides` replace any of them."""
-    return load(**load_options(args, **overrides))
+    return load_config(decoder_config(args, **overrides))
 
 
 def check_at_least(value, flag: str, low: int, strict: bool = False) -> None:

@@ -12,8 +12,9 @@ import argparse
 import json
 from collections import Counter
 
-from specdec.api import METHODS, SpecDecoder
+from specdec.api import SpecDecoder
 from specdec.cli_common import add_distribution_args, add_model_args, add_seed_mode_arg, distribution, load_decoder
+from specdec.decoder_config import METHODS
 from specdec.errors import SpecdecError
 from specdec.extras import require
 from specdec.prompts import build_suite

@@ -22,8 +22,9 @@ import pytest
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from specdec.api import load  # noqa: E402
+from specdec.api import load_config  # noqa: E402
 from specdec.cli import build_parser  # noqa: E402
+from specdec.decoder_config import DecoderConfig  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402
 from specdec.server.app import ServerSettings, create_app  # noqa: E402
 from specdec.server.cli import check_args, ray_scaling  # noqa: E402
@@ -32,7 +33,7 @@ from specdec.server.ray_serve import Scaling, deployment_options, parse_autoscal
 SPECDEC = str(Path(sys.executable).with_name("specdec"))
 API_KEY = "ray-test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-LOAD = dict(method="draft", draft_tokens=4, memory=False)  # the bundled pycode pair
+LOAD = DecoderConfig(method="draft", draft_tokens=4, memory=False)  # the bundled pycode pair
 
 
 def _serve_args(*argv: str):
@@ -79,7 +80,7 @@ def test_replicas_reserve_their_threads_and_take_what_one_server_admits():
 
 
 def test_a_replica_names_itself_on_every_response_and_in_its_metrics():
-    decoder = load(**LOAD)
+    decoder = load_config(LOAD)
     with TestClient(create_app(decoder, ServerSettings(replica_id="r-7", api_key="k"))) as client:
         health = client.get("/health")
         assert health.headers["x-specdec-replica"] == "r-7" and health.json()["replica"] == "r-7"
@@ -159,7 +160,7 @@ async def _stream(client: httpx.AsyncClient, body: dict, started: asyncio.Event 
 
 def _expected(bodies: list[dict]) -> dict[str, str]:
     """What one in-process server answers (non-streamed) to each prompt."""
-    with TestClient(create_app(load(**LOAD), ServerSettings())) as client:
+    with TestClient(create_app(load_config(LOAD), ServerSettings())) as client:
         return {b["prompt"]: client.post("/v1/completions", json=dict(b, stream=False)).json()["choices"][0]["text"]
                 for b in bodies}
 

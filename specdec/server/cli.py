@@ -14,8 +14,8 @@ from specdec.cli_common import (
     add_threads_arg,
     apply_threads,
     check_at_least,
+    decoder_config,
     load_decoder,
-    load_options,
 )
 from specdec.errors import SpecdecError
 from specdec.extras import require
@@ -122,7 +122,7 @@ def cmd_serve(args) -> int:
         from specdec.server import ray_serve
 
         require("ray.serve", "ray", "specdec serve --ray")
-        return ray_serve.run(load_options(args, max_len=args.max_len), settings, ray_scaling(args), args.host,
+        return ray_serve.run(decoder_config(args, max_len=args.max_len), settings, ray_scaling(args), args.host,
                              args.port, address=args.ray_address)
     import uvicorn
 

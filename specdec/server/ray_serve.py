@@ -1,8 +1,8 @@
 """`specdec serve --ray`: the same OpenAI-compatible app on several Ray Serve replicas.
 
-Each replica is a Ray actor that loads the model itself (from the same load options, a plain
-dict) and runs create_app's FastAPI app with its own engine thread; Ray's HTTP proxy spreads
-requests over the replicas by their queue lengths (no prefix affinity). Health: Ray calls each
+Each replica is a Ray actor that loads the model itself (from the same DecoderConfig) and runs
+create_app's FastAPI app with its own engine thread; Ray's HTTP proxy spreads requests over the
+replicas by their queue lengths (no prefix affinity). Health: Ray calls each
 replica's check_health, which fails once its engine worker has stopped; Ray then replaces it.
 Scale-down drains: a replica leaving gets no new requests and is stopped only when its
 in-flight requests (streams included) have finished, or after `drain_s`. Metrics: each replica
@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
+from specdec.decoder_config import DecoderConfig
 from specdec.errors import SpecdecError
 from specdec.extras import require
 from specdec.server.state import ServerSettings
@@ -130,7 +131,7 @@ class MetricsShare:
         threading.Thread(target=share, name="specdec-metrics-share", daemon=True).start()
 
 
-def build_application(load_options: dict, settings: ServerSettings, scaling: Scaling):
+def build_application(config: DecoderConfig, settings: ServerSettings, scaling: Scaling):
     """The Ray Serve application (not yet running): serve.run(...) deploys it."""
     serve = require("ray.serve", "ray", "specdec serve --ray")
     threads = scaling.threads
@@ -139,13 +140,13 @@ def build_application(load_options: dict, settings: ServerSettings, scaling: Sca
         """Runs in each replica's process: load the model, build the app, named after the replica."""
         import torch
 
-        from specdec.api import load
+        from specdec.api import load_config
         from specdec.server.app import create_app
 
         torch.set_num_threads(threads)
         replica_id = serve.get_replica_context().replica_id.unique_id
         board = MetricsShare(replica_id)
-        app = create_app(load(**load_options), replace(settings, replica_id=replica_id, engine_thread=True,
+        app = create_app(load_config(config), replace(settings, replica_id=replica_id, engine_thread=True,
                                                        peer_metrics=board.peers))
         board.start(app.state.server.metrics.registry)
         return app
@@ -177,7 +178,7 @@ def remove_metrics_board(ray) -> None:
         pass
 
 
-def run(load_options: dict, settings: ServerSettings, scaling: Scaling, host: str, port: int,
+def run(config: DecoderConfig, settings: ServerSettings, scaling: Scaling, host: str, port: int,
         address: str | None = None) -> int:
     """Deploy on the Ray cluster at `address` (None: $RAY_ADDRESS, else a local cluster started
     here), serve on host:port until Ctrl-C or SIGTERM, then delete the application (its replicas
@@ -199,7 +200,7 @@ def run(load_options: dict, settings: ServerSettings, scaling: Scaling, host: st
         try:
             serve.start(http_options={"host": host, "port": port})
             try:
-                serve.run(build_application(load_options, settings, scaling), name=APP_NAME, route_prefix="/")
+                serve.run(build_application(config, settings, scaling), name=APP_NAME, route_prefix="/")
             except RuntimeError as e:
                 raise SpecdecError(f"the replicas did not start: {replica_error(serve) or e}") from None
             count = (f"{scaling.min_replicas}-{scaling.max_replicas} replicas (autoscaled)" if scaling.autoscaled
