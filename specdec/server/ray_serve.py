@@ -116,16 +116,20 @@ class MetricsShare:
         import ray
         from prometheus_client import generate_latest
 
-        board = ray.remote(MetricsBoard).options(name=METRICS_BOARD, namespace=METRICS_NAMESPACE,
-                                                 get_if_exists=True, lifetime="detached", num_cpus=0).remote()
+        def board():  # the one board of the cluster, created by whichever replica asks first
+            return ray.remote(MetricsBoard).options(name=METRICS_BOARD, namespace=METRICS_NAMESPACE,
+                                                    get_if_exists=True, lifetime="detached", num_cpus=0).remote()
 
         def share() -> None:
+            handle = None
             while True:
                 try:
-                    self.latest = ray.get(board.put.remote(self.replica_id, generate_latest(registry).decode()),
+                    handle = handle or board()
+                    self.latest = ray.get(handle.put.remote(self.replica_id, generate_latest(registry).decode()),
                                           timeout=METRICS_PERIOD_S)
-                except Exception as e:  # the board restarting: this replica's own metrics still answer
+                except Exception as e:  # a board gone: ask again next time; this replica's own metrics still answer
                     log.warning("could not share this replica's metrics: %s", e)
+                    handle = None
                 time.sleep(METRICS_PERIOD_S)
 
         threading.Thread(target=share, name="specdec-metrics-share", daemon=True).start()
