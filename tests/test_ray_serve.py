@@ -235,7 +235,12 @@ def _check_32_streams_spread_with_one_servers_output(ray_cluster: dict) -> None:
     # /metrics through the proxy: both replicas' counters, labeled, adding up to the 32 requests
     deadline = time.perf_counter() + 30
     while True:
-        text = httpx.get(ray_cluster["url"] + "/metrics", headers=AUTH, timeout=10).text
+        start = time.perf_counter()
+        try:
+            text = httpx.get(ray_cluster["url"] + "/metrics", headers=AUTH, timeout=10).text
+        except httpx.HTTPError as e:  # say what failed and when (one unexplained failure here, stop 47)
+            raise AssertionError(f"/metrics through the proxy: {type(e).__name__} after "
+                                 f"{time.perf_counter() - start:.1f} s: {e}") from e
         finished = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
