@@ -24,8 +24,9 @@ from specdec.bench.serve_load import Endpoint, LoadSpec, RequestRecord, run_leve
 from specdec.cli import main  # noqa: E402
 from specdec.sampling import SamplingParams
 from specdec.server.app import ServerSettings, create_app  # noqa: E402
+from specdec.server.jobs import Job  # noqa: E402
 from specdec.server.metrics import Metrics  # noqa: E402
-from specdec.server.worker import EngineWorker, Job  # noqa: E402
+from specdec.server.worker import EngineWorker  # noqa: E402
 
 from helpers import make_model_dir  # noqa: E402
 

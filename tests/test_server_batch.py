@@ -141,8 +141,9 @@ def test_full_batch_leaves_jobs_queued(model_dir):
     choices in the batch, so a full batch lets the queue fill (and the server answer 429)."""
     import asyncio
 
+    from specdec.server.jobs import Job, QueueFull
     from specdec.server.metrics import Metrics
-    from specdec.server.worker import EngineWorker, Job, QueueFull
+    from specdec.server.worker import EngineWorker
 
     decoder = specdec.load(model_dir, calibrate=False)
     worker = EngineWorker(decoder, max_queue=1, metrics=Metrics(), max_batch=2)
@@ -174,8 +175,9 @@ def test_jobs_cancelled_while_queued_free_their_places(model_dir):
     (they end, counted as cancelled) instead of a 429."""
     import asyncio
 
+    from specdec.server.jobs import Job, QueueFull
     from specdec.server.metrics import Metrics
-    from specdec.server.worker import EngineWorker, Job, QueueFull
+    from specdec.server.worker import EngineWorker
 
     decoder = specdec.load(model_dir, calibrate=False)
     metrics = Metrics()

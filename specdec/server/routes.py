@@ -23,10 +23,10 @@ from specdec.logprobs import token_texts
 from specdec.server import infill, responses, responses_api
 from specdec.server.errors import ApiError
 from specdec.server.fields import model_not_found, parse_json_object
+from specdec.server.jobs import Job, QueueFull
 from specdec.server.responses import ResponseHeader
 from specdec.server.state import ServerState
 from specdec.server.validation import GenerationRequest, RequestParser
-from specdec.server.worker import Job, QueueFull
 
 router = APIRouter()
 
