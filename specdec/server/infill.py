@@ -19,8 +19,9 @@ from specdec.fim import FimPrompt, FimTokens, fim_prompt
 from specdec.sampling import SAMPLING_BOUNDS, Bounds
 from specdec.sequence import GenerationResult
 from specdec.server.errors import bad_request
-from specdec.server.fields import check_model, check_text, describe, get_bool, get_number
-from specdec.server.validation import GenerationRequest, Prompt, RequestParser, get_stop
+from specdec.server.fields import check_model, check_text, describe, get_bool, get_number, get_stop
+from specdec.server.request import GenerationRequest, Prompt
+from specdec.server.validation import RequestParser
 
 MAX_EXTRA = 64  # input_extra chunks
 DEFAULT_RESERVE = 256  # tokens kept free for the middle when n_predict is -1 (until EOS)

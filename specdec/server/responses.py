@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from specdec import __version__
 from specdec.engine import GenerationResult, StreamChunk
 from specdec.logprobs import TextOffsets, TokenLogprob, TokenTexts
-from specdec.server.validation import GenerationRequest
+from specdec.server.request import GenerationRequest
 from specdec.stats import GenerationStats
 from specdec.tool_stream import CallStream
 from specdec.tools import parse_calls

@@ -24,7 +24,7 @@ from specdec.engine import GenerationResult
 from specdec.server import responses
 from specdec.server.errors import ApiError, bad_request
 from specdec.server.fields import describe
-from specdec.server.validation import GenerationRequest
+from specdec.server.request import GenerationRequest
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")

@@ -24,9 +24,10 @@ from specdec.server import infill, responses, responses_api
 from specdec.server.errors import ApiError
 from specdec.server.fields import model_not_found, parse_json_object
 from specdec.server.jobs import Job, QueueFull
+from specdec.server.request import GenerationRequest
 from specdec.server.responses import ResponseHeader
 from specdec.server.state import ServerState
-from specdec.server.validation import GenerationRequest, RequestParser
+from specdec.server.validation import RequestParser
 
 router = APIRouter()
 

@@ -11,32 +11,38 @@ strings, checked against the vocabulary. response_format (json_object, json_sche
 extensions regex and lark: specdec.grammar) is compiled here, so a bad schema is a 400."""
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from specdec.api import SpecDecoder
 from specdec.chat_template import ChatTemplate, ChatTemplateError
 from specdec.errors import SpecdecError
 from specdec.fim import fim_prompt, find_fim_tokens
 from specdec.grammar import Grammar, grammar_from_response_format
 from specdec.sampling import (
-    LOGIT_BIAS_BOUNDS,
-    OPTIONAL_BOUNDS,
     SAMPLING_BOUNDS,
     SEED_MODES,
     Bounds,
-    SamplingParams,
     is_integer,
     is_number,
 )
 from specdec.server.chat import parse_messages, parse_tools
 from specdec.server.errors import bad_request
-from specdec.server.fields import check_model, check_text, describe, get_bool, get_number, get_str, short
+from specdec.server.fields import (
+    check_model,
+    check_text,
+    describe,
+    get_bool,
+    get_logit_bias,
+    get_logprobs,
+    get_number,
+    get_stop,
+    get_str,
+    get_stream_options,
+    short,
+)
+from specdec.server.request import GenerationRequest, Prompt
 from specdec.tools import ToolSettings, call_grammar, render_messages
 
 MAX_N = 8
-MAX_STOP = 4
-MAX_STOP_CHARS = 1000  # a stop string is matched against the text's tail every step
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI's legacy completions endpoint
 
 
@@ -57,7 +63,6 @@ SAMPLING_FIELDS = tuple(NumericField(key, SAMPLING_BOUNDS[key], default) for key
     ("frequency_penalty", 0.0),
     ("repetition_penalty", 1.0),
 ))
-LOGPROBS_BOUNDS = OPTIONAL_BOUNDS["logprobs"]  # chat's top_logprobs, completions' logprobs
 N_FIELD = NumericField("n", Bounds(1, MAX_N, integer=True), 1)
 SEED_FIELD = NumericField("seed", Bounds(-(2 ** 63), 2 ** 63 - 1, integer=True,
                                          text="an integer in [-2^63, 2^63 - 1]"), None)
@@ -91,58 +96,6 @@ UNSUPPORTED_BY_KIND = {
 MAX_PROMPTS = 16  # batched completions prompts per request (each gets n choices)
 
 
-@dataclass(frozen=True)
-class Prompt:
-    ids: list[int]
-    text: str = ""  # completions: the prompt as text (for echo and text_offset)
-
-
-@dataclass
-class GenerationRequest:
-    """A checked request. Completions may batch prompts: choice p * n + i is the i-th of
-    prompt p's n choices (OpenAI's numbering); chat has one prompt."""
-    kind: str  # "completion" | "chat"
-    prompts: list[Prompt]
-    n: int = 1
-    stream: bool = False
-    include_usage: bool = False
-    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
-    sampling: dict = field(default_factory=dict)  # SamplingParams fields except seed
-    seed: int | None = None
-    user: str | None = None
-    logprobs: int | None = None  # None: no logprobs; N: with the N most likely alternatives
-    echo: bool = False  # completions: the prompt is prepended to each choice's text
-    tools: ToolSettings | None = None  # chat with tools: replies are parsed for tool calls
-
-    @property
-    def prompt_ids(self) -> list[int]:
-        """The (first) prompt's ids."""
-        return self.prompts[0].ids
-
-    @property
-    def num_choices(self) -> int:
-        return len(self.prompts) * self.n
-
-    @property
-    def prompt_tokens(self) -> int:
-        """usage.prompt_tokens: each prompt counted once, whatever n is."""
-        return sum(len(p.ids) for p in self.prompts)
-
-    def prompt_of(self, choice: int) -> Prompt:
-        return self.prompts[choice // self.n]
-
-    def sampling_params(self) -> list[SamplingParams]:
-        """Per-choice SamplingParams: the i-th choice of a prompt uses seed + i when a seed is
-        given (so a prompt in a batch gets the choices it would get alone); a setting the
-        sampler refuses is a 400 here, before the request is queued."""
-        try:
-            return [SpecDecoder.sampling_params(**self.sampling,
-                                                seed=None if self.seed is None else self.seed + choice % self.n)
-                    for choice in range(self.num_choices)]
-        except SpecdecError as e:
-            raise bad_request(str(e)) from None
-
-
 def _is_off(value, off_values: tuple) -> bool:
     return any(type(value) is type(off) and value == off for off in off_values) or (
         is_number(value) and any(is_number(off) and value == off for off in off_values))
@@ -161,73 +114,6 @@ def check_unsupported(body: dict, kind: str) -> None:
     n = body.get("n") if body.get("n") is not None else 1
     if best_of is not None and not (is_integer(best_of) and best_of == n):
         raise bad_request(f"best_of is not supported by this server (got {describe(best_of)})", "best_of")
-
-
-def get_stop(body: dict) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        stop = [stop]
-    elif not isinstance(stop, list):
-        raise bad_request(f"stop must be a string or an array of at most {MAX_STOP} strings, "
-                          f"got {describe(stop)}", "stop")
-    if len(stop) > MAX_STOP:
-        raise bad_request(f"stop may hold at most {MAX_STOP} strings, got {len(stop)}", "stop")
-    for i, s in enumerate(stop):
-        if not isinstance(s, str):
-            raise bad_request(f"stop[{i}] must be a string, got {describe(s)}", "stop")
-        if not s:
-            raise bad_request("stop strings must not be empty", "stop")
-        if len(s) > MAX_STOP_CHARS:
-            raise bad_request(f"stop[{i}] has {len(s)} characters; at most {MAX_STOP_CHARS} are allowed", "stop")
-        check_text(s, "stop")
-    return tuple(stop)
-
-
-def get_logit_bias(body: dict, vocab_size: int) -> dict[int, float]:
-    """OpenAI's logit_bias: {"token id": bias}; JSON keys are strings, so ids arrive as digits."""
-    bias = body.get("logit_bias")
-    if bias is None:
-        return {}
-    if not isinstance(bias, dict):
-        raise bad_request(f"logit_bias must be an object mapping token ids to biases, got {describe(bias)}",
-                          "logit_bias")
-    out = {}
-    for key, value in bias.items():
-        if not (key.isascii() and key.isdigit()) or int(key) >= vocab_size:
-            raise bad_request(f"logit_bias keys must be token ids in [0, {vocab_size}) written as strings, "
-                              f"got {short(json.dumps(key))}", "logit_bias")
-        if not LOGIT_BIAS_BOUNDS.accepts(value):
-            raise bad_request(f"logit_bias values must be {LOGIT_BIAS_BOUNDS.requirement}, got {describe(value)} "
-                              f"for token {key}", "logit_bias")
-        out[int(key)] = float(value)
-    return out
-
-
-def get_logprobs(body: dict, kind: str) -> int | None:
-    """How many alternatives per token the response shows, or None for no logprobs."""
-    if kind == "completion":
-        return get_number(body, "logprobs", LOGPROBS_BOUNDS, None)
-    wanted = get_bool(body, "logprobs", False)
-    top = get_number(body, "top_logprobs", LOGPROBS_BOUNDS, None)
-    if top and not wanted:
-        raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
-    return (top or 0) if wanted else None
-
-
-def get_stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
-    """(include_usage, continuous_usage_stats). The second is vLLM's extension: every chunk
-    carries `usage` with the tokens generated so far, so a client (specdec bench-serve) can
-    count tokens per chunk when a step sends several."""
-    opts = body.get("stream_options")
-    if opts is None:
-        return False, False
-    if not isinstance(opts, dict):
-        raise bad_request(f"stream_options must be an object, got {describe(opts)}", "stream_options")
-    if not stream:
-        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-    return get_bool(opts, "include_usage", False), get_bool(opts, "continuous_usage_stats", False)
 
 
 class RequestParser:
