@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from specdec.api import load_runner
+from specdec.loading import load_runner
 from specdec.text import TextTokenizer
 from specdec.train.corpus import split_files, stdlib_root
 

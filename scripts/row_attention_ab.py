@@ -14,8 +14,8 @@ import json
 
 import torch
 
-from specdec.api import load_runner
 from specdec.bench.pass_costs import median_pass_ms
+from specdec.loading import load_runner
 from specdec.models import row_attention
 
 

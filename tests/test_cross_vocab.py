@@ -20,8 +20,8 @@ from safetensors.torch import load_file, save_file
 
 import specdec
 import specdec.proposers.cross_vocab as cross_vocab
-from specdec.api import load_runner
 from specdec.errors import SpecdecError
+from specdec.loading import load_runner
 from specdec.proposers.cross_vocab import (
     CrossVocabProposer,
     cross_vocab_proposer,

@@ -7,8 +7,8 @@ import torch
 
 import specdec
 import specdec.frequent_tokens as draft_vocab
-from specdec.api import load_runner
 from specdec.errors import SpecdecError
+from specdec.loading import load_runner
 from specdec.models.subset_head import SubsetHead, restrict_head
 from specdec.text import TextTokenizer
 

@@ -165,7 +165,7 @@ def test_the_one_call_stack_is_the_layers_rows_and_each_row_alone(tiny_quantized
     exactly the bits of that row in a 1-token pass."""
     if build.load() is None:
         pytest.skip(f"the kernels are unavailable here: {build.unavailable()}")
-    runner = specdec.api.load_runner(str(tiny_quantized), dtype, quantize="gguf")
+    runner = specdec.loading.load_runner(str(tiny_quantized), dtype, quantize="gguf")
     model, stack = runner.model, runner.model.stack
     assert stack is not None
     ids = torch.randint(0, 250, (30,), generator=torch.Generator().manual_seed(1)).tolist()

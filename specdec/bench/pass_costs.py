@@ -105,8 +105,8 @@ def pass_cost_curves(target: str | Path, dtype: str, quantize: str | None, group
     """The cost curves of `specdec bench --pass-costs`: the target as the bench ran it (dtype,
     quantization; compiled: also through inductor, as NAME@compile methods run it), and
     llama.cpp on the bench's GGUF (default: the target written in dtype)."""
-    from specdec.api import load_runner
     from specdec.bench.peers import llama_cpp_gguf
+    from specdec.loading import load_runner
 
     bandwidth = streaming_bandwidth()
     curves = []
