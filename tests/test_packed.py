@@ -92,7 +92,7 @@ def test_packing_swaps_in_packed_linears_with_the_same_parameters():
     parameters are the same objects (state_dict keys unchanged, a tied LM head stays tied)."""
     from torch import nn
 
-    from specdec.models.llama import PackedLinear
+    from specdec.models.linear import PackedLinear
 
     model = load_native(DEFAULT_TARGET, "float32")
     model.config.tie_word_embeddings = True

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from specdec.cache import BatchKVCache
 from specdec.models.exact import Counts, attend_counted
-from specdec.models.llama import Attention, LlamaModel, project
+from specdec.models.linear import project
+from specdec.models.llama import Attention, LlamaModel
 from specdec.models.runner import tensor_bytes
 
 # (slots attending with the shared mask, slots whose rows attend alone, their rows' key counts)

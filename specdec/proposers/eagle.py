@@ -16,7 +16,8 @@ from torch import nn
 
 from specdec.cache import KVCache
 from specdec.models.config import ModelConfig
-from specdec.models.llama import DecoderLayer, RMSNorm, RopeTable, pack_linears, project, rope_inv_freq
+from specdec.models.linear import pack_linears, project
+from specdec.models.llama import DecoderLayer, RMSNorm, RopeTable, rope_inv_freq
 from specdec.models.packed import pack_weight, packed_bytes
 from specdec.models.runner import tensor_bytes
 from specdec.penalties import PenaltyRows, TokenHistory, adjust_logits, tree_paths

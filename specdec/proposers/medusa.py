@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from specdec.errors import SpecdecError
-from specdec.models.llama import pack_linears, project
+from specdec.models.linear import pack_linears, project
 from specdec.models.packed import packed_bytes
 from specdec.models.runner import tensor_bytes
 from specdec.penalties import TokenHistory, adjust_logits
