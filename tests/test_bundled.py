@@ -140,15 +140,15 @@ def test_the_identity_check_catches_passes_that_round_rows_by_width(plain_bf16, 
     """The identity above is not luck: with exact projections that let a row's result depend on
     the pass width (a relative change of 2^-8 in rows of passes wider than one token, about
     bf16's rounding step), the same check finds diverging prompts."""
-    from specdec.models import llama
+    from specdec.models import linear
 
-    exact_linear = llama.exact_linear
+    exact_linear = linear.exact_linear
 
     def width_dependent(x, weight, bias=None):
         y = exact_linear(x, weight, bias)
         return y * (1 + 2 ** -8) if x.reshape(-1, x.shape[-1]).shape[0] > 1 else y
 
-    monkeypatch.setattr(llama, "exact_linear", width_dependent)
+    monkeypatch.setattr(linear, "exact_linear", width_dependent)
     assert check_bf16_identity(plain_bf16, "draft", PROMPTS[:8], 64) > 0
 
 
