@@ -15,7 +15,7 @@ import sys
 import time
 
 import specdec
-from specdec.prompts import build_suite
+from specdec.data.prompts import build_suite
 
 
 def main() -> int:

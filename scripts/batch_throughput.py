@@ -8,8 +8,8 @@ import sys
 import time
 
 import specdec
-from specdec.chat_template import ChatTemplate
-from specdec.prompts import build_suite, render_chat
+from specdec.chat.template import ChatTemplate
+from specdec.data.prompts import build_suite, render_chat
 
 
 def main() -> None:

@@ -23,11 +23,11 @@ import torch
 
 import specdec
 from specdec.bench.llama_cpp import LlamaServer, find_llama_server, server_version
-from specdec.bundled import DEFAULT_TARGET, PACKAGED_MODELS, locate
-from specdec.chat_template import ChatTemplate
-from specdec.convert import convert
+from specdec.chat.template import ChatTemplate
+from specdec.cli.convert import convert
+from specdec.data.prompts import build_suite, render_chat
+from specdec.models.bundled import DEFAULT_TARGET, PACKAGED_MODELS, locate
 from specdec.models.checkpoint import load_native
-from specdec.prompts import build_suite, render_chat
 
 # float32 attention and KV cache, as specdec computes in float32: llama.cpp's default flash
 # attention and f16 cache move log-probabilities by ~1e-3 (enough to flip near ties)

@@ -684,7 +684,7 @@ def free_port() -> int:
 
 def start_server(serve_args: list[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "specdec.cli", "serve", "--port", str(port), "--api-key", KEY,
+    cmd = [sys.executable, "-m", "specdec.cli.main", "serve", "--port", str(port), "--api-key", KEY,
            "--log-level", "warning", *serve_args]
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"

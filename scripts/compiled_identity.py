@@ -11,8 +11,8 @@ import sys
 import torch
 
 import specdec
-from specdec.lossless_check import output_identity
-from specdec.prompts import build_suite
+from specdec.cli.lossless_check import output_identity
+from specdec.data.prompts import build_suite
 
 
 def main() -> None:

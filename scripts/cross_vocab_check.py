@@ -16,7 +16,7 @@ import time
 import torch
 
 import specdec
-from specdec.prompts import build_suite
+from specdec.data.prompts import build_suite
 
 
 def main() -> int:
@@ -27,7 +27,7 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=20)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--draft-tokens", type=int, default=4)
-    p.add_argument("--tasks", default="code", help="comma-separated prompt tasks (specdec.prompts)")
+    p.add_argument("--tasks", default="code", help="comma-separated prompt tasks (specdec.data.prompts)")
     p.add_argument("--threads", type=int, default=0)
     args = p.parse_args()
     if args.threads:

@@ -52,7 +52,7 @@ class Outcome:
 
 
 def prompts(count: int) -> list[str]:
-    from specdec.prompts import build_suite
+    from specdec.data.prompts import build_suite
 
     return [p.text for p in build_suite(count, ["code", "edit", "freetext"])]
 

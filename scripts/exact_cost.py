@@ -7,7 +7,7 @@ prompt by prompt.
 import sys
 
 import specdec
-from specdec.prompts import build_suite
+from specdec.data.prompts import build_suite
 
 
 def main() -> None:

@@ -18,8 +18,8 @@ import time
 import torch
 
 import specdec
-from specdec.chat_template import ChatTemplate
-from specdec.grammar import GrammarState
+from specdec.chat.template import ChatTemplate
+from specdec.sampling.grammar import GrammarState
 
 # strings bounded as a client would bound them: a 135M model can loop inside an unbounded
 # string until the token limit, and then the JSON never closes

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from specdec.proposers.vocab_map import byte_level_alphabet
+from specdec.spec.proposers.vocab_map import byte_level_alphabet
 
 SCHEMA = {
     "type": "object",
@@ -121,8 +121,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     import specdec
-    from specdec.bundled import resolve_model_name
-    from specdec.text import TextTokenizer
+    from specdec.engine.text import TextTokenizer
+    from specdec.models.bundled import resolve_model_name
     tokenizer = TextTokenizer(resolve_model_name("smollm2"))
     tok = tokenizer.tok
     eos = tokenizer.token_id("<|im_end|>")

@@ -10,9 +10,9 @@ import sys
 
 import torch
 
-from specdec.loading import load_runner
-from specdec.text import TextTokenizer
-from specdec.train.corpus import split_files, stdlib_root
+from specdec.data.corpus import split_files, stdlib_root
+from specdec.engine.loading import load_runner
+from specdec.engine.text import TextTokenizer
 
 
 def windows(target: str, count: int, length: int) -> torch.Tensor:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from specdec.bundled import DEFAULT_DRAFT
 from specdec.models import LlamaModel, ModelConfig, save_native
+from specdec.models.bundled import DEFAULT_DRAFT
 from specdec.models.checkpoint import read_hf_config
 
 

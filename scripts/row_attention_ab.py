@@ -15,7 +15,7 @@ import json
 import torch
 
 from specdec.bench.pass_costs import median_pass_ms
-from specdec.loading import load_runner
+from specdec.engine.loading import load_runner
 from specdec.models import row_attention
 
 

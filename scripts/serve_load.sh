@@ -52,7 +52,7 @@ EOF
 fi
 
 # --max-len 1024: prompts are at most ~600 tokens, plus 128 new ones; it bounds specdec's batch KV cache
-OMP_NUM_THREADS=$THREADS "$PYTHON" -m specdec.cli bench-serve --target "$TARGET" --dtype "$DTYPE" \
+OMP_NUM_THREADS=$THREADS "$PYTHON" -m specdec.cli.main bench-serve --target "$TARGET" --dtype "$DTYPE" \
     --threads "$THREADS" --specdec-methods "$METHODS" --max-batch "$MAX_BATCH" --max-len 1024 \
     "${llama_args[@]}" --concurrency "$CONCURRENCY" --max-tokens "$MAX_TOKENS" --tasks code,chat --prompts 3 \
     --json "$OUT/serve_load.json" --plot "$OUT/serve_load.png" "$@"

@@ -15,8 +15,8 @@ import json
 import torch
 
 import specdec
-from specdec.chat_template import ChatTemplate
-from specdec.prompts import build_suite, render_chat
+from specdec.chat.template import ChatTemplate
+from specdec.data.prompts import build_suite, render_chat
 
 
 def measure(decoder, prompts: list[str], tokens: int, temperature: float = 0.0) -> dict:

@@ -18,7 +18,7 @@ import torch
 
 from specdec.kernels import invariant
 from specdec.models.exact import TreeRows, attend_rows, exact_attend_row
-from specdec.verify import tree_attention_mask
+from specdec.spec.verify import tree_attention_mask
 
 
 def median_us(fn, repeats: int) -> float:

@@ -66,7 +66,7 @@ def exact_joint(target_dir: Path, params: SamplingParams) -> dict:
 
 def sample_counts(decoder, params_kw: dict, n: int, seed_mode: str = "rejection") -> dict:
     """seed_mode "rejection" (default): the seeds only make runs repeatable, the verifier under
-    test is rejection sampling; "invariant": seeded races (specdec/seeded.py)."""
+    test is rejection sampling; "invariant": seeded races (specdec/sampling/seeded.py)."""
     counts: dict = {}
     for seed in range(n):  # ignore_eos: the exact joint treats token 0 as an ordinary token
         ids = tuple(decoder.generate(PROMPT, max_new_tokens=NEW, seed=seed, seed_mode=seed_mode, ignore_eos=True,

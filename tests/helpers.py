@@ -73,8 +73,8 @@ def read_json(path: Path) -> dict:
 
 def make_medusa_dir(path: Path, target_dir: Path, num_heads: int = 3, seed: int = 0, nodes: int = 12) -> Path:
     from specdec.models.checkpoint import read_hf_config
-    from specdec.proposers.medusa import MedusaHeads, save_medusa
-    from specdec.proposers.trees import build_tree
+    from specdec.spec.proposers.medusa import MedusaHeads, save_medusa
+    from specdec.spec.proposers.trees import build_tree
 
     cfg = read_hf_config(target_dir)
     torch.manual_seed(seed)
@@ -89,7 +89,7 @@ def make_medusa_dir(path: Path, target_dir: Path, num_heads: int = 3, seed: int 
 
 def make_eagle_dir(path: Path, target_dir: Path, seed: int = 0, tree: dict | None = None) -> Path:
     from specdec.models.checkpoint import read_hf_config
-    from specdec.proposers.eagle import EagleHead, save_eagle
+    from specdec.spec.proposers.eagle import EagleHead, save_eagle
 
     cfg = ModelConfig.from_hf_dict(read_hf_config(target_dir))
     cfg.num_hidden_layers = 1

@@ -1,4 +1,4 @@
-"""Continuous batching (specdec/batch_engine.py, models/batch.py): a sequence's output does not
+"""Continuous batching (specdec/engine/batch.py, models/batch.py): a sequence's output does not
 depend on what else is in the batch. Greedy and seeded outputs equal the same requests run
 alone through Engine (float64; bfloat16 in exact mode), also while sequences join and leave;
 sampled outputs keep the target's exact distribution with several temperatures in one batch
@@ -7,13 +7,13 @@ import pytest
 import torch
 
 import specdec
-import specdec.engine
-from specdec.batch_controller import BatchDraftLength, CostTable
-from specdec.batch_engine import BatchEngine
+import specdec.engine.single
+from specdec.engine.batch import BatchEngine
 from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
 from specdec.sampling import SamplingParams
-from specdec.verify import ChainVerdict
+from specdec.spec.batch_controller import BatchDraftLength, CostTable
+from specdec.spec.verify import ChainVerdict
 
 from distribution import N_QUICK, NEW, PROMPT, chi_square_p, exact_joint, tiny_model_dir
 from helpers import make_model_dir
@@ -227,7 +227,7 @@ def test_a_wrong_verifier_fails_the_batched_test(tiny_dirs, monkeypatch):
                 return ChainVerdict(i, rng.categorical(target_probs[i]))
         return ChainVerdict(len(drafts), rng.categorical(target_probs[len(drafts)]))
 
-    monkeypatch.setattr(specdec.engine, "verify_rejection", wrong_verifier)
+    monkeypatch.setattr(specdec.engine.single, "verify_rejection", wrong_verifier)
     assert min(batched_p_values(tiny_dirs, "draft")) < 1e-3
 
 

@@ -5,7 +5,7 @@ import pytest
 
 import specdec
 from specdec.bench.methods import SpecdecRunner
-from specdec.cli import main
+from specdec.cli.main import main
 from specdec.errors import SpecdecError
 
 from helpers import make_model_dir
@@ -62,7 +62,7 @@ def test_bench_fast_suffix_turns_exact_mode_off(tmp_path):
     from contextlib import ExitStack
 
     from specdec.bench.methods import make_runner
-    from specdec.text import TextTokenizer
+    from specdec.engine.text import TextTokenizer
 
     target = make_model_dir(tmp_path / "t", layers=1, max_pos=2048)
     setup = dict(target=str(target), draft=None, dtype="bfloat16", heads={}, draft_tokens=None)
@@ -74,7 +74,7 @@ def test_bench_fast_suffix_turns_exact_mode_off(tmp_path):
 
 
 def test_suite_keeps_raw_tasks_and_adds_instruction_tasks():
-    from specdec.prompts import CHAT_TASKS, RAW_TASKS, build_suite, rename_target
+    from specdec.data.prompts import CHAT_TASKS, RAW_TASKS, build_suite, rename_target
 
     suite = build_suite(3)
     assert [p.task for p in suite] == [t for t in RAW_TASKS + CHAT_TASKS for _ in range(3)]
@@ -90,7 +90,7 @@ def test_suite_keeps_raw_tasks_and_adds_instruction_tasks():
 
 
 def test_rename_target_picks_the_most_used_parameter():
-    from specdec.prompts import rename_target
+    from specdec.data.prompts import rename_target
 
     src = "def f(self, a, items, b):\n    for x in items:\n        a += x * items[0] + b\n    return a, items\n"
     assert rename_target(src) == "items"
@@ -99,8 +99,8 @@ def test_rename_target_picks_the_most_used_parameter():
 
 
 def test_chat_prompts_render_with_the_models_template():
-    from specdec.chat_template import ChatTemplate
-    from specdec.prompts import build_suite, render_chat
+    from specdec.chat.template import ChatTemplate
+    from specdec.data.prompts import build_suite, render_chat
 
     chatml = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
               "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -113,7 +113,7 @@ def test_chat_prompts_render_with_the_models_template():
 
 def test_defaults_follow_the_target(tmp_path):
     from specdec.bench.methods import default_methods, default_tasks
-    from specdec.text import TextTokenizer
+    from specdec.engine.text import TextTokenizer
 
     assert default_methods(None, None, None) == ["none", "draft", "ngram", "medusa", "eagle", "hf",
                                                   "hf-assisted", "hf-lookup"]

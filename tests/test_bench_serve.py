@@ -21,7 +21,7 @@ from test_server import API_KEY, AUTH, LiveServer, one_torch_thread, parse_metri
 
 import specdec  # noqa: E402
 from specdec.bench.serve_load import Endpoint, LoadSpec, RequestRecord, run_level, summarize  # noqa: E402
-from specdec.cli import main  # noqa: E402
+from specdec.cli.main import main  # noqa: E402
 from specdec.sampling import SamplingParams
 from specdec.server.app import ServerSettings, create_app  # noqa: E402
 from specdec.server.jobs import Job  # noqa: E402

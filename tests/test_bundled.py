@@ -7,10 +7,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specdec
-from specdec.bundled import BUNDLED_DIR, DEFAULT_DRAFT, DEFAULT_TARGET
-from specdec.cli import main
+from specdec.cli.main import main
+from specdec.data.prompts import build_suite
+from specdec.models.bundled import BUNDLED_DIR, DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.models.checkpoint import load_native
-from specdec.prompts import build_suite
 
 PROMPTS = [p.text[-400:] for p in build_suite(7)][:20]
 

@@ -1,4 +1,4 @@
-"""`specdec chat` driven through specdec.cli.main with a fake stdin, on tiny random models: the
+"""`specdec chat` driven through specdec.cli.main.main with a fake stdin, on tiny random models: the
 model's template renders the conversation, answers stream, history, /reset, Ctrl-C during an
 answer, the end of input, context overflow, a missing jinja2; SmolLM2's ChatML when installed."""
 import builtins
@@ -8,9 +8,9 @@ import sys
 import pytest
 
 import specdec
-from specdec.api import SpecDecoder
-from specdec.bundled import PACKAGED_MODELS, locate
-from specdec.cli import main
+from specdec.cli.main import main
+from specdec.engine.decoder import SpecDecoder
+from specdec.models.bundled import PACKAGED_MODELS, locate
 
 from helpers import make_model_dir
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.cli import main
+from specdec.cli.main import main
 
 from helpers import make_model_dir
 
@@ -146,7 +146,7 @@ def test_draft_sharing_no_tokens_is_refused(capsys, model_dir, other_vocab_dir):
 
 
 def test_console_script_reports_without_traceback(model_dir):
-    proc = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "x", "--target", str(model_dir),
+    proc = subprocess.run([sys.executable, "-m", "specdec.cli.main", "generate", "x", "--target", str(model_dir),
                            "--top-p", "7"], capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "top_p" in proc.stderr
 
@@ -168,7 +168,7 @@ for name, (blocked, argv) in cases.items():
         for loaded in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
             del sys.modules[loaded]
         sys.modules[module] = None  # `import module` (and its submodules) now raises ImportError
-    from specdec.cli import main
+    from specdec.cli.main import main
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
@@ -259,7 +259,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_no_import_cycles():
     graph = import_graph()
-    assert graph["specdec.cli"] >= {"specdec.cli_common", "specdec.bench.methods", "specdec.lossless_check"}
+    assert graph["specdec.cli.main"] >= {"specdec.cli.common", "specdec.bench.methods", "specdec.cli.lossless_check"}
     done: set[str] = set()
 
     def visit(name: str, path: list[str]) -> None:

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import specdec
-from specdec.bundled import DEFAULT_TARGET
 from specdec.errors import SpecdecError
 from specdec.models import load_native
+from specdec.models.bundled import DEFAULT_TARGET
 from specdec.models.compiled import INT8_ONE_ROW_GEMM, ONE_ROW_GEMM, quietly
 from specdec.models.runner import NativeRunner
 from tests.test_packed import _passes
@@ -84,7 +84,7 @@ def test_compile_refuses_what_it_cannot_honour(options, message):
 
 
 def test_serve_refuses_compile_with_batching(capsys):
-    from specdec.cli import main
+    from specdec.cli.main import main
 
     assert main(["serve", "--compile", "--max-batch", "4"]) == 2
     assert "--compile" in capsys.readouterr().err

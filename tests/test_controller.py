@@ -1,7 +1,7 @@
 """The adaptive draft-length controller, on synthetic costs and acceptance."""
 import random
 
-from specdec.controller import DraftLengthController, TreeSizeController
+from specdec.spec.controller import DraftLengthController, TreeSizeController
 from specdec.stats import StepRecord
 
 
@@ -169,7 +169,7 @@ def test_calibration_runs_the_draft_models_two_token_catch_up_pass():
     calibration runs that width too, so that its kernels (with --compile, its graph: ~5 s) are
     not built inside the first generation."""
     import specdec
-    from specdec.calibrate import measure_pass_costs
+    from specdec.spec.calibrate import measure_pass_costs
 
     decoder = specdec.load(method="draft", calibrate=False)
     engine = decoder.engine

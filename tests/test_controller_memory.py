@@ -1,4 +1,4 @@
-"""Controller memory (specdec/controller_memory.py): what the draft-length and tree-size
+"""Controller memory (specdec/spec/controller_memory.py): what the draft-length and tree-size
 controllers learned carries over to the next process, so a fresh process with a drafter that
 does not pay here drafts far less than one starting blind; damaged or missing files only mean
 a fresh start; output never depends on it."""
@@ -9,10 +9,10 @@ import pytest
 from test_controller import record, simulate
 
 import specdec
-from specdec.controller import DraftLengthController, TreeSizeController
-from specdec.controller_memory import ENV_VAR, MAX_ENTRIES, ControllerMemory, default_path
-from specdec.engine import sampling_key
+from specdec.engine.single import sampling_key
 from specdec.sampling import SamplingParams
+from specdec.spec.controller import DraftLengthController, TreeSizeController
+from specdec.spec.controller_memory import ENV_VAR, MAX_ENTRIES, ControllerMemory, default_path
 
 COSTS = {0: 1.0, 1: 1.05, 2: 1.1, 4: 1.2, 8: 1.4}
 

@@ -19,20 +19,20 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import specdec
-import specdec.proposers.cross_vocab as cross_vocab
+import specdec.spec.proposers.cross_vocab as cross_vocab
+from specdec.engine.loading import load_runner
+from specdec.engine.text import TextTokenizer
 from specdec.errors import SpecdecError
-from specdec.loading import load_runner
-from specdec.proposers.cross_vocab import (
+from specdec.sampling import SamplingParams, final_probs
+from specdec.spec.proposers.cross_vocab import (
     CrossVocabProposer,
     cross_vocab_proposer,
     incomplete_tail,
     shared_distribution,
     utf8_runs,
 )
-from specdec.proposers.vocab_map import build_vocab_map, byte_level_alphabet, check_overlap, token_bytes
-from specdec.sampling import SamplingParams, final_probs
-from specdec.text import TextTokenizer
-from specdec.verify import verify_rejection
+from specdec.spec.proposers.vocab_map import build_vocab_map, byte_level_alphabet, check_overlap, token_bytes
+from specdec.spec.verify import verify_rejection
 
 from distribution import N_QUICK, N_SLOW, TINY, p_value
 from enumerate import RandomLM, enumerate_outcomes
@@ -356,7 +356,7 @@ def test_a_batch_decodes_plainly_and_refuses_cross_vocab_drafts(char_pair):
 def test_specdec_verify_checks_a_cross_vocab_pair(char_pair, capsys, temperature):
     import json
 
-    from specdec.cli import main
+    from specdec.cli.main import main
 
     target, draft = char_pair
     greedy = temperature == "0"

@@ -6,8 +6,8 @@ import pytest
 
 import specdec
 from specdec import DecoderConfig, SpecdecError
-from specdec.cli import build_parser
-from specdec.cli_common import decoder_config
+from specdec.cli.common import decoder_config
+from specdec.cli.main import build_parser
 
 
 @pytest.mark.parametrize("fields, message", [

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import specdec
-from specdec.bundled import DEFAULT_TARGET
+from specdec.models.bundled import DEFAULT_TARGET
 from specdec.models.checkpoint import load_native
-from specdec.proposers.draft_vocab import coverage, expand_logits, frequent_tokens
-from specdec.proposers.eagle import EagleHead, TreeShape, load_eagle, save_eagle
+from specdec.spec.proposers.draft_vocab import coverage, expand_logits, frequent_tokens
+from specdec.spec.proposers.eagle import EagleHead, TreeShape, load_eagle, save_eagle
 from specdec.train.features import FeatureSet, Windows, extract_features
 from specdec.train.heads import HeadTrainConfig, eagle_feature_accuracy, train_eagle_features
 from specdec.train.loop import LoopSettings
@@ -131,8 +131,8 @@ def test_recipe_commands_end_to_end(tmp_path):
     import inspect
     import json
 
-    from specdec.cli import main
-    from specdec.prompts import function_snippets
+    from specdec.cli.main import main
+    from specdec.data.prompts import function_snippets
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

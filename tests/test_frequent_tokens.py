@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import specdec
-import specdec.frequent_tokens as draft_vocab
+import specdec.data.frequent_tokens as draft_vocab
+from specdec.engine.loading import load_runner
+from specdec.engine.text import TextTokenizer
 from specdec.errors import SpecdecError
-from specdec.loading import load_runner
 from specdec.models.subset_head import SubsetHead, restrict_head
-from specdec.text import TextTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import specdec
-from specdec.bundled import DEFAULT_TARGET, PACKAGED_MODELS, locate
-from specdec.convert import convert
+from specdec.cli.convert import convert
+from specdec.engine.text import TextTokenizer
 from specdec.errors import SpecdecError
+from specdec.models.bundled import DEFAULT_TARGET, PACKAGED_MODELS, locate
 from specdec.models.checkpoint import load_native, open_model, read_hf_config
 from specdec.models.gguf_writer import write_gguf
-from specdec.text import TextTokenizer
 
 from helpers import make_model_dir
 
@@ -182,7 +182,7 @@ def test_backend_transformers_runs_a_gguf_through_transformers_loader(bundled_gg
 def test_gguf_draft_with_another_vocabulary_drafts_across(bundled_gguf, tiny_dir, tmp_path):
     """A GGUF draft with another tokenizer (rebuilt from the file's metadata) goes through
     the shared tokens, and greedy output stays the target's."""
-    from specdec.proposers.cross_vocab import CrossVocabProposer
+    from specdec.spec.proposers.cross_vocab import CrossVocabProposer
 
     tiny = write_from(tiny_dir, tmp_path / "tiny.gguf")
     decoder = specdec.load(target=bundled_gguf, draft=tiny, method="draft", draft_tokens=2, calibrate=False)
@@ -275,7 +275,7 @@ def test_k_quant_tensors_load_as_gguf_dequantizes_them(tiny_dir, tmp_path, kind)
 # ---------------------------------------------------------------- chat template
 
 def test_chat_template_comes_from_gguf_metadata_and_chat_template_jinja(tiny_dir, tmp_path):
-    from specdec.chat_template import ChatTemplate
+    from specdec.chat.template import ChatTemplate
 
     source = open_model(tiny_dir)
     tok, tok_cfg = source.tokenizer()
@@ -354,7 +354,7 @@ def test_not_a_gguf_and_ambiguous_folders(bundled_gguf, tmp_path):
 
 
 def test_smollm2_not_installed_gives_the_install_command(monkeypatch, capsys):
-    from specdec.cli import main
+    from specdec.cli.main import main
 
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
@@ -367,7 +367,7 @@ def test_smollm2_not_installed_gives_the_install_command(monkeypatch, capsys):
 
 
 def test_short_names_resolve_and_local_paths_win(tmp_path, monkeypatch):
-    from specdec.bundled import resolve_model_name
+    from specdec.models.bundled import resolve_model_name
 
     assert resolve_model_name("pycode-draft") == DEFAULT_TARGET.parent / "pycode-draft"
     assert resolve_model_name("no-such-model") == Path("no-such-model")
@@ -459,8 +459,8 @@ def test_smollm2_draft_model_is_shipped_and_lossless():
     """`--method draft` with SmolLM2 picks the shipped draft, which has another tokenizer
     (cross-vocabulary drafting); greedy and seeded bfloat16 outputs are plain decoding's, and it
     drafts usefully (trained on SmolLM2's answers: more than one token per target pass)."""
-    from specdec.bundled import BUNDLED_DIR, default_head
-    from specdec.proposers.cross_vocab import CrossVocabProposer
+    from specdec.models.bundled import BUNDLED_DIR, default_head
+    from specdec.spec.proposers.cross_vocab import CrossVocabProposer
 
     assert default_head("smollm2", "draft") == default_head(SMOLLM2, "draft") == BUNDLED_DIR / "smollm2-xvocab-draft"
     plain = specdec.load(target="smollm2", dtype="bfloat16", calibrate=False)
@@ -474,7 +474,7 @@ def test_smollm2_eagle_head_is_shipped_and_lossless():
     """`--method eagle` with SmolLM2 picks the shipped head (by name or by the GGUF's path); its
     greedy and seeded outputs in bfloat16 are plain decoding's, and it drafts usefully (a head
     that never matched the target would make one token per target pass)."""
-    from specdec.bundled import BUNDLED_DIR, default_head
+    from specdec.models.bundled import BUNDLED_DIR, default_head
 
     assert default_head("smollm2", "eagle") == default_head(SMOLLM2, "eagle") == BUNDLED_DIR / "smollm2-eagle"
     assert default_head("smollm2", "medusa") is None

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import specdec
-from specdec import bundled
 from specdec.errors import SpecdecError
 from specdec.kernels import build, invariant
+from specdec.models import bundled
 from specdec.models.checkpoint import load_native, open_model
 from specdec.models.gguf_blocks import BLOCK_SIZES, FOUR_BIT_FORMATS, requantized_4bit, unpack
 from specdec.models.grouped import GroupedLinear, load_grouped
@@ -165,7 +165,7 @@ def test_the_one_call_stack_is_the_layers_rows_and_each_row_alone(tiny_quantized
     exactly the bits of that row in a 1-token pass."""
     if build.load() is None:
         pytest.skip(f"the kernels are unavailable here: {build.unavailable()}")
-    runner = specdec.loading.load_runner(str(tiny_quantized), dtype, quantize="gguf")
+    runner = specdec.engine.loading.load_runner(str(tiny_quantized), dtype, quantize="gguf")
     model, stack = runner.model, runner.model.stack
     assert stack is not None
     ids = torch.randint(0, 250, (30,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -278,7 +278,7 @@ def test_a_split_model_is_assembled_once_and_checked(tmp_path, monkeypatch, caps
     mtime = path.stat().st_mtime_ns
     assert bundled.assemble(model) == path and path.stat().st_mtime_ns == mtime  # reused, not rebuilt
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [path.name]  # no temporary left
-    from specdec.cli import main
+    from specdec.cli.main import main
 
     monkeypatch.setitem(bundled.SPLIT_MODELS, "fake", model)
     assert main(["models", "--path", "fake"]) == 0
@@ -298,7 +298,7 @@ def test_a_corrupt_or_missing_part_names_the_install_command(tmp_path, monkeypat
 
 
 def test_qwen_coder_is_listed_with_its_install_command(capsys):
-    from specdec.cli import main
+    from specdec.cli.main import main
 
     assert main(["models"]) == 0
     out = capsys.readouterr().out

@@ -15,10 +15,10 @@ from test_verify_exact import assert_same
 
 import specdec
 from specdec.errors import SpecdecError
-from specdec.grammar import Grammar, GrammarState, grammar_from_response_format
-from specdec.penalties import TokenHistory, chain_paths, tree_paths
 from specdec.sampling import SamplingParams, final_probs
-from specdec.verify import verify_greedy, verify_rejection, verify_tree_sampling
+from specdec.sampling.grammar import Grammar, GrammarState, grammar_from_response_format
+from specdec.sampling.penalties import TokenHistory, chain_paths, tree_paths
+from specdec.spec.verify import verify_greedy, verify_rejection, verify_tree_sampling
 
 from enumerate import RandomLM, enumerate_outcomes
 from helpers import SAMPLE_TEXT, make_eagle_dir, make_medusa_dir, make_model_dir
@@ -287,7 +287,7 @@ def test_bad_grammars_are_refused(plain):
 
 
 def test_prompt_lookup_cuts_proposals_that_leave_the_grammar_and_adds_forced_tokens():
-    from specdec.proposers import PromptLookupProposer
+    from specdec.spec.proposers import PromptLookupProposer
     params = SamplingParams(temperature=1.0)
     history = history_with_grammar(params, V)  # last generated token: 2
     proposer = PromptLookupProposer(max_ngram=1)
@@ -391,8 +391,8 @@ def test_constrained_sampling_matches_the_constrained_target(tiny_dirs, method, 
 def test_masks_that_ignore_the_drafts_fail_the_same_test(tiny_dirs, monkeypatch):
     """Power check: the target's rows masked by the committed output only."""
     pytest.importorskip("scipy")
-    import specdec.engine
-    monkeypatch.setattr(specdec.engine, "chain_paths", lambda drafts: [[] for _ in range(len(drafts) + 1)])
+    import specdec.engine.single
+    monkeypatch.setattr(specdec.engine.single, "chain_paths", lambda drafts: [[] for _ in range(len(drafts) + 1)])
     target, draft = tiny_dirs
     decoder = specdec.load(target=target, draft=draft, method="draft", draft_tokens=2)
     assert grammar_p_value(decoder, target, dict(temperature=1.0)) < 1e-3

@@ -10,8 +10,8 @@ import pytest
 from test_server import LiveServer, one_torch_thread  # noqa: F401 (autouse: one torch thread)
 
 import specdec
+from specdec.chat.fim import FAMILIES, fim_prompt, find_fim_tokens, require_fim_tokens
 from specdec.errors import SpecdecError
-from specdec.fim import FAMILIES, fim_prompt, find_fim_tokens, require_fim_tokens
 
 from helpers import make_model_dir
 
@@ -130,7 +130,7 @@ def test_a_model_without_fim_tokens_says_so(tmp_path):
 
 
 def test_generate_cli_takes_a_suffix(fim_dir, capsys):
-    from specdec.cli import main
+    from specdec.cli.main import main
 
     assert main(["generate", PREFIX, "--suffix", SUFFIX, "--target", str(fim_dir), "--method", "none",
                  "--temperature", "0", "--max-new-tokens", str(N), "--json"]) == 0

@@ -10,10 +10,10 @@ import pytest
 
 import specdec
 from specdec.bench.llama_cpp import ENV_VAR, LlamaServer, find_llama_server, server_version
-from specdec.bundled import DEFAULT_TARGET
-from specdec.cli import main
-from specdec.convert import convert
+from specdec.cli.convert import convert
+from specdec.cli.main import main
 from specdec.errors import SpecdecError
+from specdec.models.bundled import DEFAULT_TARGET
 
 from helpers import make_model_dir
 

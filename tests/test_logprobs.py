@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import specdec
-from specdec.bundled import DEFAULT_TARGET
-from specdec.cli import main
+from specdec.cli.main import main
+from specdec.engine.text import TextTokenizer
 from specdec.errors import SpecdecError
-from specdec.logprobs import TextOffsets, token_texts
+from specdec.models.bundled import DEFAULT_TARGET
 from specdec.sampling import SamplingParams
-from specdec.text import TextTokenizer
+from specdec.sampling.logprobs import TextOffsets, token_texts
 
 from helpers import SAMPLE_TEXT, make_eagle_dir, make_medusa_dir, make_model_dir
 

@@ -142,9 +142,9 @@ def test_exact_passes_are_batch_invariant_in_bfloat16():
     """In bfloat16, a row scored inside a 9-token pass rounds differently from the same token
     scored in a 1-token pass; in exact mode every row equals the 1-token pass bit for bit, for
     chains and for tree masks (here a chain-shaped tree)."""
-    from specdec.bundled import DEFAULT_TARGET
+    from specdec.models.bundled import DEFAULT_TARGET
     from specdec.models.runner import NativeRunner
-    from specdec.verify import tree_attention_mask
+    from specdec.spec.verify import tree_attention_mask
 
     runner = NativeRunner(load_native(DEFAULT_TARGET, "bfloat16"), 256)
     ids = torch.randint(10, 8000, (160,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -180,9 +180,9 @@ def test_exact_branching_tree_rows_equal_one_token_passes(dtype):
     """Each node of a branching tree, scored in one exact pass, gets the bits of a 1-token pass
     at the end of its own path (prefix + ancestors + itself): what makes greedy tree decoding
     equal plain decoding. Rows at the same depth see as many keys but different ones."""
-    from specdec.bundled import DEFAULT_TARGET
+    from specdec.models.bundled import DEFAULT_TARGET
     from specdec.models.runner import NativeRunner
-    from specdec.verify import tree_attention_mask
+    from specdec.spec.verify import tree_attention_mask
 
     runner = NativeRunner(load_native(DEFAULT_TARGET, dtype), 256)
     g = torch.Generator().manual_seed(1)
@@ -232,7 +232,7 @@ def test_tree_rows_get_each_row_its_own_bits(kernels, heads):
     ancestors and itself) equals exact_attend_row over exactly its keys gathered in cache
     order. Prefixes from 0 keys to ~900, trees of 2 to 33 rows, in bfloat16 and float32."""
     from specdec.models.exact import TreeRows, attend_rows, exact_attend_row
-    from specdec.verify import tree_attention_mask
+    from specdec.spec.verify import tree_attention_mask
 
     nh, nkv, hd = heads
     g = torch.Generator().manual_seed(3)
@@ -295,7 +295,7 @@ def test_exact_attention_is_as_accurate_as_the_fast_kernel():
 def test_prefill_without_logits_leaves_the_same_cache():
     """want_logits=False skips the LM head (a prefill needs only the cache): nothing comes back,
     and the next pass's logits equal those after a prefill that computed them."""
-    from specdec.bundled import DEFAULT_TARGET
+    from specdec.models.bundled import DEFAULT_TARGET
     from specdec.models.runner import NativeRunner
 
     runner = NativeRunner(load_native(DEFAULT_TARGET, "float32"), 64)
@@ -310,7 +310,7 @@ def test_prefill_without_logits_leaves_the_same_cache():
 def test_a_pass_asking_for_its_last_row_gets_that_row_alone():
     """last_logits (a draft's 2-token catch-up pass): the head runs over the last row only, and
     in exact mode that row's logits are the bits the whole pass gives it."""
-    from specdec.bundled import DEFAULT_TARGET
+    from specdec.models.bundled import DEFAULT_TARGET
     from specdec.models.runner import NativeRunner
 
     runner = NativeRunner(load_native(DEFAULT_TARGET, "float32"), 64)

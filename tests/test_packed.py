@@ -4,11 +4,11 @@ BW/VL/DQ or AVX-NE-CONVERT): elsewhere the bfloat16 tests skip, saying so."""
 import pytest
 import torch
 
-from specdec.bundled import DEFAULT_TARGET
 from specdec.models import load_native
+from specdec.models.bundled import DEFAULT_TARGET
 from specdec.models.packed import pack_weight, packed_bytes, packing_available
 from specdec.models.runner import NativeRunner
-from specdec.verify import tree_attention_mask
+from specdec.spec.verify import tree_attention_mask
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="no oneDNN in this PyTorch build")
 bf16_packing = pytest.mark.skipif(
@@ -72,7 +72,7 @@ def test_float32_exact_mode_is_exact_on_packed_weights():
 @bf16_packing
 def test_load_packs_by_default_and_no_pack_keeps_the_memory():
     import specdec
-    from specdec.cli_common import add_model_args
+    from specdec.cli.common import add_model_args
 
     packed = specdec.load(method="eagle", dtype="bfloat16", calibrate=False)
     plain = specdec.load(method="eagle", dtype="bfloat16", calibrate=False, pack=False)

@@ -8,8 +8,8 @@ import torch
 
 import specdec
 from specdec.errors import SpecdecError
-from specdec.penalties import TokenHistory, adjust_logits, chain_paths, tree_paths
 from specdec.sampling import SAMPLING_BOUNDS, SamplingParams, final_probs
+from specdec.sampling.penalties import TokenHistory, adjust_logits, chain_paths, tree_paths
 
 from distribution import reference_penalized
 from helpers import SAMPLE_TEXT, make_eagle_dir, make_medusa_dir, make_model_dir
@@ -186,7 +186,7 @@ FIXED_BUDGET = {"draft": 4, "ngram": 4, "medusa": 16, "eagle": 16}
 @pytest.mark.parametrize("method", list(FIXED_BUDGET))
 def test_greedy_identity_with_penalties_on_bundled_models(method):
     """The trained bundled family (long accepted drafts, so the drafts' counts matter), float64."""
-    from specdec.prompts import build_suite
+    from specdec.data.prompts import build_suite
 
     prompts = [p.text[-300:] for p in build_suite(7)][:4]
     plain = specdec.load(dtype="float64")

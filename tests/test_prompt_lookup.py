@@ -1,7 +1,7 @@
 """Prompt lookup's incremental n-gram index against a direct scan of the context."""
 import random
 
-from specdec.proposers.prompt_lookup import PromptLookupProposer
+from specdec.spec.proposers.prompt_lookup import PromptLookupProposer
 
 
 def scan(context: list[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:

@@ -5,8 +5,8 @@ import torch
 
 from specdec.models.checkpoint import load_native
 from specdec.models.runner import NativeRunner
-from specdec.proposers.draft_model import DraftModelProposer
 from specdec.sampling import SamplingParams
+from specdec.spec.proposers.draft_model import DraftModelProposer
 
 from helpers import make_model_dir
 
@@ -37,7 +37,7 @@ def test_eagle_prefill_feeds_the_prompt_before_the_first_step(tmp_path):
     """Prompt features handed over at prefill go into the head's cache at once (so the first
     step's drafting time holds no prompt feeding), and the first tree is the one a late
     catch-up gives."""
-    from specdec.proposers.eagle import EagleProposer, TreeShape, load_eagle
+    from specdec.spec.proposers.eagle import EagleProposer, TreeShape, load_eagle
 
     from helpers import make_eagle_dir
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import specdec
+from specdec.data.prompts import build_suite
 from specdec.errors import SpecdecError
 from specdec.models.quant import KERNEL_MAX_ROWS, QuantizedLinear, group_for
-from specdec.prompts import build_suite
 
 from helpers import make_model_dir
 

@@ -22,12 +22,12 @@ import pytest
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from specdec.api import load_config  # noqa: E402
-from specdec.cli import build_parser  # noqa: E402
-from specdec.decoder_config import DecoderConfig  # noqa: E402
+from specdec.cli.main import build_parser  # noqa: E402
+from specdec.cli.serve import check_args, ray_scaling  # noqa: E402
+from specdec.engine.config import DecoderConfig  # noqa: E402
+from specdec.engine.decoder import load_config  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402
 from specdec.server.app import ServerSettings, create_app  # noqa: E402
-from specdec.server.cli import check_args, ray_scaling  # noqa: E402
 from specdec.server.ray_serve import Scaling, deployment_options, parse_autoscale  # noqa: E402
 
 SPECDEC = str(Path(sys.executable).with_name("specdec"))

@@ -1,4 +1,4 @@
-"""Seeded drafter-invariant sampling (specdec/seeded.py): the race samples the target's
+"""Seeded drafter-invariant sampling (specdec/sampling/seeded.py): the race samples the target's
 distribution (chi-square, also through the engine on a tiny model, with a power check), the
 verifier's output does not depend on what was drafted (every draft enumerated), and with a
 seed every method gives plain sampling's tokens, in bfloat16 on the shipped models too."""
@@ -9,13 +9,13 @@ import torch
 from scipy.stats import chisquare
 
 import specdec
-import specdec.seeded
-from specdec.bundled import DEFAULT_TARGET
+import specdec.sampling.seeded
+from specdec.data.prompts import build_suite
 from specdec.errors import SpecdecError
-from specdec.prompts import build_suite
+from specdec.models.bundled import DEFAULT_TARGET
 from specdec.sampling import SamplingParams, draw_distinct
-from specdec.seeded import PositionNoise, race
-from specdec.verify import tree_depths, verify_choices, verify_tree_choices
+from specdec.sampling.seeded import PositionNoise, race
+from specdec.spec.verify import tree_depths, verify_choices, verify_tree_choices
 
 from distribution import N_QUICK, p_value, tiny_model_dir
 from enumerate import RandomLM
@@ -147,7 +147,7 @@ def test_seeded_draft_sampling_has_the_target_distribution(tiny_pair):
 
 def test_noise_shared_across_positions_fails_the_same_test(tiny_pair, monkeypatch):
     original = PositionNoise.exponentials
-    monkeypatch.setattr(specdec.seeded.PositionNoise, "exponentials", lambda self, position: original(self, 0))
+    monkeypatch.setattr(specdec.sampling.seeded.PositionNoise, "exponentials", lambda self, position: original(self, 0))
     target, draft = tiny_pair
     decoder = specdec.load(target=target, draft=draft, method="draft", draft_tokens=2)
     assert p_value(decoder, target, dict(temperature=1.0), N_QUICK, seed_mode="invariant") < 1e-3

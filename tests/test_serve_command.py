@@ -1,4 +1,4 @@
-"""`specdec serve` as a process: the engine loop runs in the main thread (server/cli.py), the
+"""`specdec serve` as a process: the engine loop runs in the main thread (cli/serve.py), the
 HTTP server beside it; SIGTERM stops both cleanly, and a port in use is an exit status of 1."""
 import json
 import os

@@ -19,9 +19,9 @@ openai = pytest.importorskip("openai")
 import uvicorn  # noqa: E402
 
 import specdec  # noqa: E402
-from specdec.chat_template import DEFAULT_TEMPLATE, ChatTemplate, ChatTemplateError  # noqa: E402
-from specdec.logprobs import token_texts  # noqa: E402
+from specdec.chat.template import DEFAULT_TEMPLATE, ChatTemplate, ChatTemplateError  # noqa: E402
 from specdec.sampling import SAMPLING_BOUNDS  # noqa: E402
+from specdec.sampling.logprobs import token_texts  # noqa: E402
 from specdec.server.app import ServerSettings, create_app  # noqa: E402
 from specdec.server.metrics import accepted_per_position  # noqa: E402
 
@@ -353,7 +353,7 @@ def test_tools(tool_server):
     prompt with the tool prompt, parsed into tool_calls (finish_reason tool_calls), also streamed;
     parallel_tool_calls=false gives one call; tool results and earlier calls are accepted."""
     pytest.importorskip("llguidance")
-    from specdec.tools import Tool, ToolSettings, call_grammar, parse_calls, render_messages
+    from specdec.chat.tools import Tool, ToolSettings, call_grammar, parse_calls, render_messages
 
     server, reference = tool_server
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
@@ -1143,7 +1143,7 @@ def test_accepted_per_position():
 # ---------------------------------------------------------------- CLI
 
 def test_serve_cli_arguments(capsys):
-    from specdec.cli import build_parser, main
+    from specdec.cli.main import build_parser, main
 
     args = build_parser().parse_args(["serve", "--target", "t", "--method", "draft", "--draft-tokens", "3",
                                       "--port", "9000", "--api-key", "k", "--max-queue", "5",

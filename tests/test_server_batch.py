@@ -128,7 +128,7 @@ def test_unbatched_method_is_refused(model_dir, tmp_path):
 
 
 def test_serve_cli_max_batch(capsys):
-    from specdec.cli import build_parser, main
+    from specdec.cli.main import build_parser, main
 
     assert build_parser().parse_args(["serve"]).max_batch == 1
     assert build_parser().parse_args(["serve", "--max-batch", "8"]).max_batch == 8

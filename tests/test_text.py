@@ -1,7 +1,7 @@
 
 import pytest
 
-from specdec.text import TextStream, TextTokenizer
+from specdec.engine.text import TextStream, TextTokenizer
 
 from helpers import make_model_dir
 
@@ -46,7 +46,7 @@ def test_incremental_decoding_matches_a_full_decode(tokenizer, bundled):
     equals decoding everything at once."""
     import random
 
-    from specdec.bundled import DEFAULT_TARGET
+    from specdec.models.bundled import DEFAULT_TARGET
 
     tok = TextTokenizer(DEFAULT_TARGET) if bundled else tokenizer
     rnd = random.Random(0)

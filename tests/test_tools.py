@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 import specdec
-from specdec.tool_stream import CallStream
-from specdec.tools import CLOSE, OPEN, Tool, ToolSettings, call_grammar, parse_calls, render_messages
+from specdec.chat.tool_stream import CallStream
+from specdec.chat.tools import CLOSE, OPEN, Tool, ToolSettings, call_grammar, parse_calls, render_messages
 
 from helpers import make_model_dir
 

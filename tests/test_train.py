@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specdec
-from specdec.cli import main
+from specdec.cli.main import main
 from specdec.errors import SpecdecError
 from specdec.models import LlamaModel, ModelConfig
 from specdec.models.checkpoint import load_native
@@ -138,8 +138,8 @@ def test_too_little_training_data_is_a_clear_error():
 
 @pytest.mark.parametrize("method", ["medusa", "eagle"])
 def test_head_folder_that_does_not_fit_its_weights(run_dir, tmp_path, method):
-    from specdec.proposers.eagle import load_eagle
-    from specdec.proposers.medusa import load_medusa
+    from specdec.spec.proposers.eagle import load_eagle
+    from specdec.spec.proposers.medusa import load_medusa
 
     load = load_medusa if method == "medusa" else load_eagle
     folder = tmp_path / method
@@ -161,8 +161,8 @@ def test_head_folder_that_does_not_fit_its_weights(run_dir, tmp_path, method):
 def test_draft_fine_tuned_on_a_targets_answers_in_its_own_tokenizer(run_dir, tmp_path, capsys):
     """`train answers` output (the target's ids) re-encoded with another tokenizer: the draft
     trains on the same text, and `--init` trains on from the given model, not from scratch."""
-    from specdec.bundled import BUNDLED_DIR
-    from specdec.text import TextTokenizer
+    from specdec.engine.text import TextTokenizer
+    from specdec.models.bundled import BUNDLED_DIR
     from specdec.train.self_distill import generations_tokens
 
     target_dir, draft_dir = run_dir / "target" / "model", BUNDLED_DIR / "pycode-draft"

@@ -6,10 +6,10 @@ import random
 import pytest
 import torch
 
-from specdec.penalties import TokenHistory, tree_paths
-from specdec.proposers.draft_vocab import expand_logits
 from specdec.sampling import SamplingParams, final_probs
-from specdec.verify import tree_attention_mask, tree_depths, verify_tree_greedy, verify_tree_sampling
+from specdec.sampling.penalties import TokenHistory, tree_paths
+from specdec.spec.proposers.draft_vocab import expand_logits
+from specdec.spec.verify import tree_attention_mask, tree_depths, verify_tree_greedy, verify_tree_sampling
 
 from distribution import PenalizedLM
 from enumerate import RandomLM, enumerate_outcomes

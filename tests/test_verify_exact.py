@@ -7,9 +7,9 @@ import itertools
 import pytest
 import torch
 
-from specdec.penalties import TokenHistory, chain_paths
 from specdec.sampling import SamplingParams, final_probs
-from specdec.verify import verify_greedy, verify_rejection
+from specdec.sampling.penalties import TokenHistory, chain_paths
+from specdec.spec.verify import verify_greedy, verify_rejection
 
 from distribution import PenalizedLM
 from enumerate import RandomLM, enumerate_outcomes
@@ -81,9 +81,9 @@ def test_a_wrong_verifier_is_caught():
     def wrong(draft_tokens, draft_probs, target_probs, rng):
         for i, x in enumerate(draft_tokens):
             if not rng.coin(float(target_probs[i, x])):
-                from specdec.verify import ChainVerdict
+                from specdec.spec.verify import ChainVerdict
                 return ChainVerdict(i, rng.categorical(target_probs[i]))
-        from specdec.verify import ChainVerdict
+        from specdec.spec.verify import ChainVerdict
         return ChainVerdict(len(draft_tokens), rng.categorical(target_probs[-1]))
 
     target, draft = RandomLM(1, vocab_size=V), RandomLM(2, vocab_size=V)

@@ -1,5 +1,5 @@
 """A toy grammar over small vocabularies for the exactness proofs: no token twice in a row,
-and never 2 right after 1. ToyMatcher is a specdec.grammar.Matcher (the engine's walk runs on
+and never 2 right after 1. ToyMatcher is a specdec.sampling.grammar.Matcher (the engine's walk runs on
 it unchanged); ConstrainedLM is the constrained model defined one prefix at a time, the
 sequential definition speculation must reproduce."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`specdec bench`: side-by-side tokens/s of every method in one run, on a fixed prompt suite
-from held-out stdlib files (specdec.prompts: code completion, an edit task that repeats the
+from held-out stdlib files (specdec.data.prompts: code completion, an edit task that repeats the
 prompt, free text; for instruct models chat instructions and a rewrite, in the model's chat
 template), with the peers of specdec.bench.peers (transformers: plain, assisted generation,
 prompt lookup; llama.cpp: plain and n-gram speculation) on the same weights and prompt ids.
@@ -16,21 +16,21 @@ from pathlib import Path
 
 import torch
 
-from specdec.api import SpecDecoder, load
 from specdec.bench.llama_cpp import ENV_VAR, LlamaServer, find_llama_server, server_version
 from specdec.bench.pass_costs import pass_cost_curves, print_cost_table
 from specdec.bench.peers import HF_METHODS, LLAMA_CPP_METHODS, LlamaCppPeer, TransformersPeer, llama_cpp_gguf
-from specdec.bundled import DEFAULT_TARGET, default_head, default_quantize, resolve_model_name
-from specdec.chat_template import ChatTemplate
-from specdec.cli_common import add_checkpoint_args, add_quantize_args, add_threads_arg, apply_threads
+from specdec.chat.template import ChatTemplate
+from specdec.cli.common import add_checkpoint_args, add_quantize_args, add_threads_arg, apply_threads
+from specdec.data.prompts import RAW_TASKS, TASKS, build_suite, render_chat, render_fim
+from specdec.engine.decoder import SpecDecoder, load
+from specdec.engine.text import TextTokenizer
 from specdec.errors import SpecdecError
 from specdec.extras import require
+from specdec.models.bundled import DEFAULT_TARGET, default_head, default_quantize, resolve_model_name
 from specdec.models.checkpoint import read_hf_config
 from specdec.models.gguf import find_gguf
 from specdec.models.quant import DEFAULT_GROUP_SIZE
-from specdec.prompts import RAW_TASKS, TASKS, build_suite, render_chat, render_fim
 from specdec.stats import GenerationStats
-from specdec.text import TextTokenizer
 
 SPECDEC_METHODS = ("none", "draft", "ngram", "medusa", "eagle")
 

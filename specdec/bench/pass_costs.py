@@ -106,7 +106,7 @@ def pass_cost_curves(target: str | Path, dtype: str, quantize: str | None, group
     quantization; compiled: also through inductor, as NAME@compile methods run it), and
     llama.cpp on the bench's GGUF (default: the target written in dtype)."""
     from specdec.bench.peers import llama_cpp_gguf
-    from specdec.loading import load_runner
+    from specdec.engine.loading import load_runner
 
     bandwidth = streaming_bandwidth()
     curves = []

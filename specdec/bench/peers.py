@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 
 from specdec.bench.llama_cpp import LlamaServer
-from specdec.convert import hf_to_gguf
+from specdec.cli.convert import hf_to_gguf
+from specdec.engine.text import TextTokenizer
 from specdec.models.checkpoint import open_model, parse_dtype
 from specdec.models.runner import tensor_bytes
 from specdec.stats import GenerationStats
-from specdec.text import TextTokenizer
 
 HF_METHODS = ("hf", "hf-assisted", "hf-lookup")
 # bench method name -> llama_cpp.SPEC_ARGS configuration

@@ -1,5 +1,5 @@
 """`specdec bench-serve`: many users at once. C concurrent streaming clients (for each C of
---concurrency) send a fixed prompt set (specdec.prompts) with fixed output lengths to
+--concurrency) send a fixed prompt set (specdec.data.prompts) with fixed output lengths to
 OpenAI-compatible servers, and the report gives, per server and C, aggregate tokens/s,
 requests/s, time to first token and per-token latency (p50/p99) and errors (serve_load.py
 measures). Servers are named by --url, or started here one at a time on the same weights so
@@ -23,11 +23,11 @@ from pathlib import Path
 
 from specdec.bench.llama_cpp import ENV_VAR, SPEC_ARGS, LlamaServer, find_llama_server, server_version, stop_server
 from specdec.bench.serve_load import APIS, Endpoint, LevelReport, LoadSpec, run_level, served_model
-from specdec.bundled import DEFAULT_TARGET
-from specdec.cli_common import check_at_least
+from specdec.cli.common import check_at_least
+from specdec.data.prompts import CHAT_TASKS, TASKS, build_suite, render_chat, render_fim
 from specdec.errors import SpecdecError
 from specdec.extras import require
-from specdec.prompts import CHAT_TASKS, TASKS, build_suite, render_chat, render_fim
+from specdec.models.bundled import DEFAULT_TARGET
 
 # llama.cpp configurations: llama_cpp.SPEC_ARGS, and a draft model (--draft or --llama-draft-gguf)
 LLAMA_CONFIGS = (*SPEC_ARGS, "draft")
@@ -59,7 +59,7 @@ class SpecdecServer:
         from specdec.bench.llama_cpp import _free_port
 
         self.port = _free_port()
-        self.command = [sys.executable, "-m", "specdec.cli", "serve", "--port", str(self.port),
+        self.command = [sys.executable, "-m", "specdec.cli.main", "serve", "--port", str(self.port),
                         "--log-level", "warning", *args]
         self.startup_seconds = startup_seconds
         self.process: subprocess.Popen | None = None
@@ -163,8 +163,8 @@ def load_prompts(args: argparse.Namespace) -> list:
     if args.api == "chat":
         return [p.messages or [{"role": "user", "content": p.text}] for p in suite]
     if any(t in CHAT_TASKS or t == "fim" for t in tasks):
-        from specdec.chat_template import ChatTemplate
-        from specdec.text import TextTokenizer
+        from specdec.chat.template import ChatTemplate
+        from specdec.engine.text import TextTokenizer
 
         tokenizer = TextTokenizer(args.target or DEFAULT_TARGET)
         suite = render_fim(render_chat(suite, ChatTemplate.from_tokenizer_config(tokenizer.config)), tokenizer)

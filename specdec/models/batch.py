@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec.cache import BatchKVCache
+from specdec.models.cache import BatchKVCache
 from specdec.models.exact import Counts, attend_counted
 from specdec.models.linear import project
 from specdec.models.llama import Attention, LlamaModel

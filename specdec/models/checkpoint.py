@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdec.bundled import resolve_model_name
 from specdec.errors import SpecdecError
 from specdec.models import gguf
+from specdec.models.bundled import resolve_model_name
 from specdec.models.config import ModelConfig
 from specdec.models.llama import LlamaModel
 

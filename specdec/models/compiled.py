@@ -29,8 +29,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from specdec.cache import KVCache
 from specdec.kernels.torch_private import inductor_options
+from specdec.models.cache import KVCache
 
 # guards on the modules are skipped: checking them cost ~0.4 ms a pass here, and the weights are
 # frozen constants anyway (a model is compiled once, after its last change)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.cache import KVCache
+from specdec.models.cache import KVCache
 from specdec.models.compiled import compiled_forward, use_compiled
 from specdec.models.config import ModelConfig
 from specdec.models.exact import TreeRows, attend_row, attend_rows, exact_attend_row, exact_row_keys

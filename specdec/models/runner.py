@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from specdec.cache import KVCache
+from specdec.models.cache import KVCache
 from specdec.models.compiled import SMALL_MODEL_BYTES
 from specdec.models.llama import LlamaModel
 from specdec.models.packed import packed_bytes

@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdec.api import SpecDecoder
+from specdec.engine.decoder import SpecDecoder
 from specdec.server.errors import ApiError, error_response
 from specdec.server.metrics import Metrics
 from specdec.server.routes import router

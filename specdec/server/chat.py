@@ -1,13 +1,13 @@
 """The request's `messages` array, checked (parse_messages), and its tools (parse_tools).
-Rendering it into one prompt is specdec.chat_template's job (shared with `specdec chat`);
-the tool-call format is specdec.tools'."""
+Rendering it into one prompt is specdec.chat.template's job (shared with `specdec chat`);
+the tool-call format is specdec.chat.tools'."""
 from __future__ import annotations
 
 import re
 
+from specdec.chat.tools import Tool, ToolSettings
 from specdec.server.errors import bad_request
 from specdec.server.fields import check_text, describe, short
-from specdec.tools import Tool, ToolSettings
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_TOOLS = 128

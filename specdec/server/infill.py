@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from specdec.chat.fim import FimPrompt, FimTokens, fim_prompt
+from specdec.engine.sequence import GenerationResult
 from specdec.errors import SpecdecError
-from specdec.fim import FimPrompt, FimTokens, fim_prompt
 from specdec.sampling import SAMPLING_BOUNDS, Bounds
-from specdec.sequence import GenerationResult
 from specdec.server.errors import bad_request
 from specdec.server.fields import check_model, check_text, describe, get_bool, get_number, get_stop
 from specdec.server.request import GenerationRequest, Prompt

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
-from specdec.decoder_config import DecoderConfig
+from specdec.engine.config import DecoderConfig
 from specdec.errors import SpecdecError
 from specdec.extras import require
 from specdec.server.state import ServerSettings
@@ -144,7 +144,7 @@ def build_application(config: DecoderConfig, settings: ServerSettings, scaling: 
         """Runs in each replica's process: load the model, build the app, named after the replica."""
         import torch
 
-        from specdec.api import load_config
+        from specdec.engine.decoder import load_config
         from specdec.server.app import create_app
 
         torch.set_num_threads(threads)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdec.api import SpecDecoder
+from specdec.chat.tools import ToolSettings
+from specdec.engine.decoder import SpecDecoder
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
 from specdec.server.errors import bad_request
-from specdec.tools import ToolSettings
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specdec import __version__
-from specdec.engine import GenerationResult, StreamChunk
-from specdec.logprobs import TextOffsets, TokenLogprob, TokenTexts
+from specdec.chat.tool_stream import CallStream
+from specdec.chat.tools import parse_calls
+from specdec.engine.single import GenerationResult, StreamChunk
+from specdec.sampling.logprobs import TextOffsets, TokenLogprob, TokenTexts
 from specdec.server.request import GenerationRequest
 from specdec.stats import GenerationStats
-from specdec.tool_stream import CallStream
-from specdec.tools import parse_calls
 
 DONE = "data: [DONE]\n\n"
 

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from specdec.logprobs import token_texts
+from specdec.sampling.logprobs import token_texts
 from specdec.server import infill, responses, responses_api
 from specdec.server.errors import ApiError
 from specdec.server.fields import model_not_found, parse_json_object

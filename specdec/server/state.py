@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from specdec.api import SpecDecoder
-from specdec.chat_template import ChatTemplate
+from specdec.chat.template import ChatTemplate
+from specdec.engine.decoder import SpecDecoder
 from specdec.server.metrics import Metrics
 from specdec.server.validation import RequestParser
 from specdec.server.worker import EngineWorker

@@ -8,15 +8,15 @@ names the parameter (see fields.py).
 logprobs: chat takes `logprobs: true` + `top_logprobs: N`, completions `logprobs: N` (and
 `echo`, which with logprobs also scores the prompt); logit_bias keys are token ids written as
 strings, checked against the vocabulary. response_format (json_object, json_schema, and the
-extensions regex and lark: specdec.grammar) is compiled here, so a bad schema is a 400."""
+extensions regex and lark: specdec.sampling.grammar) is compiled here, so a bad schema is a 400."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.chat_template import ChatTemplate, ChatTemplateError
+from specdec.chat.fim import fim_prompt, find_fim_tokens
+from specdec.chat.template import ChatTemplate, ChatTemplateError
+from specdec.chat.tools import ToolSettings, call_grammar, render_messages
 from specdec.errors import SpecdecError
-from specdec.fim import fim_prompt, find_fim_tokens
-from specdec.grammar import Grammar, grammar_from_response_format
 from specdec.sampling import (
     SAMPLING_BOUNDS,
     SEED_MODES,
@@ -24,6 +24,7 @@ from specdec.sampling import (
     is_integer,
     is_number,
 )
+from specdec.sampling.grammar import Grammar, grammar_from_response_format
 from specdec.server.chat import parse_messages, parse_tools
 from specdec.server.errors import bad_request
 from specdec.server.fields import (
@@ -40,7 +41,6 @@ from specdec.server.fields import (
     short,
 )
 from specdec.server.request import GenerationRequest, Prompt
-from specdec.tools import ToolSettings, call_grammar, render_messages
 
 MAX_N = 8
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI's legacy completions endpoint

@@ -15,7 +15,7 @@ from specdec.extras import require
 
 
 def _corpus_root(args) -> Path:
-    from specdec.train.corpus import stdlib_root
+    from specdec.data.corpus import stdlib_root
 
     root = Path(args.corpus) if args.corpus else stdlib_root()
     if not root.is_dir():
@@ -43,8 +43,8 @@ def _token_data(args, tok: Tokenizer, out: Path) -> tuple[np.ndarray, np.ndarray
 def _generation_data(args, tok: Tokenizer, init) -> tuple[np.ndarray, np.ndarray]:
     """A target's self-distilled answers (`specdec train answers`) in this model's own
     tokenization; every 20th conversation held out."""
-    from specdec.bundled import resolve_model_name
-    from specdec.text import TextTokenizer
+    from specdec.engine.text import TextTokenizer
+    from specdec.models.bundled import resolve_model_name
     from specdec.train.self_distill import generations_tokens
     from specdec.train.tokenizer import EOS
 
@@ -171,7 +171,7 @@ def add_parser(sub) -> None:
 
 
 def _head_data(args, target_dir: Path) -> tuple[np.ndarray, np.ndarray]:
-    from specdec.train.corpus import split_files
+    from specdec.data.corpus import split_files
     from specdec.train.recipe import encode_files
 
     tok = Tokenizer.from_file(str(Path(target_dir) / "tokenizer.json"))
@@ -189,15 +189,15 @@ def _head_config(args):
 def cmd_medusa(args) -> int:
     require("rich.progress", "train", "training")  # the trainers' progress bars
     from specdec.models.checkpoint import load_native
-    from specdec.proposers.medusa import MedusaHeads, save_medusa
-    from specdec.proposers.trees import build_tree, expected_accepted_length
+    from specdec.spec.proposers.medusa import MedusaHeads, save_medusa
+    from specdec.spec.proposers.trees import build_tree, expected_accepted_length
     from specdec.train.heads import medusa_rank_accuracy, train_medusa
 
     target = load_native(args.target, "float32")
     train_ids, held_ids = _head_data(args, args.target)
     torch.manual_seed(args.seed)
     if args.init:
-        from specdec.proposers.medusa import load_medusa
+        from specdec.spec.proposers.medusa import load_medusa
 
         heads = load_medusa(args.init)[0].train()
     else:
@@ -220,7 +220,7 @@ def cmd_medusa(args) -> int:
 
 def cmd_medusa_tree(args) -> int:
     """Rebuild the tree of a heads folder for another node budget from its measured accuracies."""
-    from specdec.proposers.trees import build_tree, expected_accepted_length
+    from specdec.spec.proposers.trees import build_tree, expected_accepted_length
 
     cfg_path = Path(args.heads) / "config.json"
     if not cfg_path.is_file():
@@ -243,14 +243,14 @@ def cmd_eagle(args) -> int:
     from dataclasses import replace
 
     from specdec.models.checkpoint import load_native
-    from specdec.proposers.eagle import EagleHead, TreeShape, save_eagle
+    from specdec.spec.proposers.eagle import EagleHead, TreeShape, save_eagle
     from specdec.train.heads import eagle_accuracy, train_eagle
 
     target = load_native(args.target, "float32")
     train_ids, held_ids = _head_data(args, args.target)
     torch.manual_seed(args.seed)
     if args.init:
-        from specdec.proposers.eagle import load_eagle
+        from specdec.spec.proposers.eagle import load_eagle
 
         head = load_eagle(args.init)[0].train()
     else:
@@ -272,10 +272,10 @@ def cmd_eagle_data(args) -> int:
     """Self-distilled answers (generations.jsonl) and the target's features over them and over
     stdlib code windows (train/), plus held-out code windows (heldout/). Each part is skipped
     when its file exists, so an interrupted run resumes."""
-    from specdec.bundled import resolve_model_name
+    from specdec.data.corpus import split_files
+    from specdec.engine.text import TextTokenizer
+    from specdec.models.bundled import resolve_model_name
     from specdec.models.checkpoint import load_native
-    from specdec.text import TextTokenizer
-    from specdec.train.corpus import split_files
     from specdec.train.features import FEATURES_FILE, code_windows, extract_features
     from specdec.train.self_distill import read_generations
 
@@ -315,7 +315,7 @@ def _answers(args, train_files: list[Path], out: Path) -> Path:
 
 def cmd_answers(args) -> int:
     """Only the self-distilled answers (OUT/generations.jsonl), e.g. for a draft model."""
-    from specdec.train.corpus import split_files
+    from specdec.data.corpus import split_files
 
     train_files, _ = split_files(_corpus_root(args))
     _answers(args, train_files, Path(args.out))
@@ -326,10 +326,10 @@ def cmd_eagle_features(args) -> int:
     """An EAGLE head with a reduced draft vocabulary, trained on stored target features."""
     from dataclasses import replace
 
-    from specdec.bundled import resolve_model_name
+    from specdec.models.bundled import resolve_model_name
     from specdec.models.checkpoint import load_native
-    from specdec.proposers.draft_vocab import coverage, frequent_tokens
-    from specdec.proposers.eagle import EagleHead, TreeShape, load_eagle, save_eagle
+    from specdec.spec.proposers.draft_vocab import coverage, frequent_tokens
+    from specdec.spec.proposers.eagle import EagleHead, TreeShape, load_eagle, save_eagle
     from specdec.train.features import FeatureSet
     from specdec.train.heads import eagle_feature_accuracy, train_eagle_features
     from specdec.train.loop import LoopSettings

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdec.data.corpus import split_files, stdlib_root
+from specdec.engine.text import TextTokenizer
 from specdec.models.checkpoint import load_native
-from specdec.text import TextTokenizer
-from specdec.train.corpus import split_files, stdlib_root
 from specdec.train.recipe import encode_files
 
 

@@ -49,7 +49,7 @@ class FeatureSet:
 def code_windows(tok, files: list[Path], length: int, budget: int, min_len: int = 64) -> list[list[int]]:
     """Windows of up to `length` tokens cut from each file alone, about `budget` tokens in all,
     picked evenly over the files (sorted by path, so not all from the first packages)."""
-    from specdec.train.corpus import read_text
+    from specdec.data.corpus import read_text
 
     windows = []
     for enc in tok.encode_batch([read_text(p) for p in files]):

@@ -15,8 +15,8 @@ from specdec.train.features import FeatureSet, Windows
 from specdec.train.loop import LoopSettings, OptimConfig, seed_run, train_loop
 
 if TYPE_CHECKING:
-    from specdec.proposers.eagle import EagleHead
-    from specdec.proposers.medusa import MedusaHeads
+    from specdec.spec.proposers.eagle import EagleHead
+    from specdec.spec.proposers.medusa import MedusaHeads
 
 
 @dataclass

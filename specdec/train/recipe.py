@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from specdec.data.corpus import read_text, split_files
 from specdec.models import ModelConfig
-from specdec.train.corpus import read_text, split_files
 from specdec.train.tokenizer import EOS, save_tokenizer, train_tokenizer
 
 VOCAB_SIZE = 8192

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from specdec.data.prompts import chat_prompts, function_snippets
 from specdec.errors import SpecdecError
-from specdec.prompts import chat_prompts, function_snippets
 
 
 def training_prompts(files: list[Path], count: int) -> tuple[list[list[dict]], list[str]]:
@@ -35,7 +35,7 @@ def generate_answers(decoder, files: list[Path], out: Path, count: int, max_toke
                      temperatures: tuple[float, ...] = (0.0, 0.7), max_batch: int = 16, log=print) -> Path:
     """Write OUT/generations.jsonl: one line per prompt with the prompt's and the answer's
     token ids (prompts alternate between `temperatures`, seeded). Returns the file."""
-    from specdec.chat_template import ChatTemplate
+    from specdec.chat.template import ChatTemplate
 
     template = ChatTemplate.from_tokenizer_config(decoder.tokenizer.config)
     chats, codes = training_prompts(files, count)
@@ -72,7 +72,7 @@ def generations_tokens(path: Path, target_tokenizer: Tokenizer, draft_tokenizer:
     """The target's answers re-encoded with a draft's own tokenizer (a draft with another
     vocabulary learns the target's outputs from their text), each followed by EOS, as uint16
     train and held-out token arrays; every `heldout_every`-th conversation is held out."""
-    from specdec.proposers.vocab_map import token_bytes
+    from specdec.spec.proposers.vocab_map import token_bytes
 
     texts = generations_text(read_generations(path), token_bytes(target_tokenizer))
     if not texts:

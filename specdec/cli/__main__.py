@@ -1,0 +1,3 @@
+from specdec.cli.main import main
+
+main()

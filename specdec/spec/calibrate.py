@@ -1,0 +1,82 @@
+"""Pass costs measured at load time, so that the first generation of a fresh process neither
+pays the first-call costs of each pass shape (kernel selection, buffer allocation) inside its
+own timings nor lets the draft-length controller start from guesses: a one-shot CLI call at
+T=1 must not be slower than plain decoding because the controller spent its first steps
+probing a cold process."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.models.runner import Runner
+from specdec.sampling import SamplingParams, make_generator
+from specdec.spec.proposers.base import Proposer
+from specdec.spec.verify import tree_attention_mask
+
+WARM_PROMPT = 8  # dummy context length; decoding costs barely depend on it at these sizes
+
+
+@dataclass
+class PassCosts:
+    target_seconds: dict[int, float] = field(default_factory=dict)  # K drafted -> pass over K+1 tokens
+    draft_seconds_per_token: float | None = None  # chain drafters that run a model
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def measure_pass_costs(target: Runner, proposer: Proposer | None, max_k: int, filler_token: int,
+                       repeats: int = 3, exact: bool = False) -> PassCosts:
+    """Best of `repeats` timings of a target pass over K+1 tokens for K = 0 and the powers of
+    two up to max_k (the controller fits a line through them), after one warm-up pass each;
+    for a draft model, its cost per drafted token. Every other pass width decoding may use is
+    run once untimed, also with the exact kernels if exact: a kernel library builds its kernel
+    for a new matrix shape on first use (measured here: ~0.3 ms per projection shape, 1.5 ms
+    per new width on the bundled target), which a one-shot call would otherwise pay inside
+    its generation. Leaves both caches empty."""
+    costs = PassCosts()
+    context = [filler_token] * WARM_PROMPT
+    tree = proposer is not None and proposer.shape == "tree"
+    want_hidden = proposer is not None and proposer.needs_hidden
+    target.reset()
+    target.extend(context[:-1], want_hidden=want_hidden, want_logits=False)
+    start = target.length
+    sizes = sorted({0, *(k for k in (1, 2, 4, 8, 16) if k <= max_k), max_k})
+    def one_pass(k: int, use_exact: bool = False) -> None:
+        """A pass over K+1 tokens; trees verify with a mask, chains without: the path decoding takes."""
+        mask = tree_attention_mask(list(range(-1, k - 1))) if tree and k > 0 else None
+        target.extend([filler_token] * (k + 1), attn_mask=mask, want_hidden=want_hidden, exact=use_exact)
+        target.rollback(start)
+
+    for k in sizes:
+        one_pass(k)
+        costs.target_seconds[k] = min(_timed(lambda k=k: one_pass(k)) for _ in range(repeats))
+    widths = set(proposer.tree_sizes) if tree else set(range(1, max_k + 1))  # trees use a few sizes
+    for k in sorted({0} | widths):
+        for use_exact in ([False, True] if exact else [False]):
+            if use_exact or k not in costs.target_seconds:  # the rest ran above
+                one_pass(k, use_exact)
+    target.reset()
+    if proposer is not None and proposer.shape == "chain":
+        greedy, generator, k = SamplingParams(), make_generator(0), min(4, max_k)
+
+        def draft() -> list[int]:
+            proposer.reset(context)
+            return proposer.propose(context, k, greedy, generator).tokens
+
+        drafted = draft()
+        costs.draft_seconds_per_token = min(_timed(draft) for _ in range(repeats)) / k
+        if drafted:  # a step that accepted every draft leaves a draft model two tokens to catch up
+            # on: a pass width of its own (with --compile a graph of its own, ~5 s to compile)
+            other = filler_token if drafted[0] != filler_token else filler_token + 1
+            proposer.propose(context + [other, other], k, greedy, generator)
+        proposer.reset([filler_token])
+    return costs
+
+

@@ -1,0 +1,75 @@
+"""The interface every drafter implements."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.sampling import SamplingParams
+from specdec.sampling.penalties import TokenHistory
+from specdec.sampling.seeded import PositionNoise
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    # Chain: [len(tokens), V] final draft distributions the tokens were sampled from. Tree:
+    # [len(tokens) + 1, V], row 0 for the root and row 1+i for node i: the distribution the
+    # node's children were drawn from. None = deterministic candidates (point masses).
+    draft_probs: torch.Tensor | None = None
+    # None = a chain; else a tree: parents[i] is the index of node i's parent, -1 = the root
+    parents: list[int] | None = None
+    # sampled trees only, rows as draft_probs: every token drawn at that node, in draw order,
+    # including drawn tokens left out of the tree (all must be tried for exactness)
+    draws: list[list[int]] | None = None
+    # time spent feeding the drafter tokens it did not draft (after plain steps): a one-off
+    # cost, kept out of the controller's per-step drafting cost
+    sync_seconds: float = 0.0
+
+
+class Proposer(Protocol):
+    """A drafter. It syncs its own state (caches) from the context it is handed; what gets
+    accepted is learnt by the engine's controller, which sets the budget k each step."""
+
+    name: str
+    shape: str  # "chain" (budget = drafted tokens) or "tree" (budget = tree nodes)
+    needs_hidden: bool  # wants the target's final hidden states (Medusa, EAGLE)
+    tree_sizes: list[int]  # tree drafters only: the node budgets the controller chooses among
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        """Start a new sequence."""
+
+    def memory_bytes(self) -> int:
+        """Bytes of the drafter's own weights and caches (not counting what it shares with the target)."""
+
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                generator: torch.Generator | None, history: TokenHistory | None = None,
+                noise: PositionNoise | None = None) -> Proposal:
+        """Up to k tokens (chain) or nodes (tree) that may follow context. history (when
+        params.penalized): the context's token counts; a drafter that samples from a model
+        adjusts each row with history.rows(its path), as the target's rows are adjusted.
+        noise (seeded drafter-invariant sampling): a drafter that samples draws the token at
+        position t (len(context) + depth) as the race winner with noise.exponentials(t), which
+        makes it agree with the target's own seeded choice as often as possible."""
+
+    def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
+        """Hidden states [n, d] of the tokens just added to the target's cache, in order
+        (only called when needs_hidden); prefill=True for the prompt's tokens."""
+
+
+def read_head_config(folder: str | Path, model_type: str) -> dict:
+    """config.json of a draft-head folder (Medusa, EAGLE), checked for its model_type."""
+    cfg_path = Path(folder) / "config.json"
+    if not cfg_path.is_file():
+        raise SpecdecError(f"{str(folder)!r} is not a {model_type} folder: no config.json")
+    cfg = json.loads(cfg_path.read_text())
+    if cfg.get("model_type") != model_type:
+        raise SpecdecError(f"{str(folder)!r} is not a {model_type} folder (model_type "
+                           f"{cfg.get('model_type')!r})")
+    if not (Path(folder) / "model.safetensors").is_file():
+        raise SpecdecError(f"{str(folder)!r} has no model.safetensors")
+    return cfg

@@ -1,0 +1,87 @@
+"""A small draft model with its own KV cache, proposing a chain of k tokens."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specdec.models.cache import shared_prefix
+from specdec.models.runner import Runner
+from specdec.sampling import SamplingParams, final_probs, sample
+from specdec.sampling.penalties import TokenHistory, adjust_logits
+from specdec.sampling.seeded import PositionNoise, race
+from specdec.spec.proposers.base import Proposal
+
+
+class DraftModelProposer:
+    name = "draft"
+    shape = "chain"
+    needs_hidden = False
+
+    def __init__(self, runner: Runner):
+        self.runner = runner
+        self.cached: list[int] = []  # the tokens whose keys/values are in the draft cache
+        self.verified = 0  # leading cached tokens known to equal the context (which only grows)
+
+    def memory_bytes(self) -> int:
+        return self.runner.memory_bytes()
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        """Prefill the draft cache with the prompt (all but its last token, like the target),
+        after the prefix the cache already holds where its rows are what a fresh prefill writes
+        (Runner.kv_rows_invariant: the drafts, and so the speed, never depend on earlier prompts)."""
+        n = 0
+        if getattr(self.runner, "kv_rows_invariant", False) and self.runner.length == len(self.cached):
+            n = shared_prefix(self.cached, prompt_ids, min(len(self.cached), len(prompt_ids) - 1))
+        self.runner.rollback(n)
+        self.cached = list(prompt_ids[:-1])
+        self.verified = len(self.cached)
+        if len(self.cached) > n:
+            self.runner.extend(self.cached[n:], want_logits=False)
+
+    def _sync(self, context: list[int]) -> list[int]:
+        """Roll the draft cache back to its common prefix with context; return what to feed.
+        The engine only appends to the context between resets, so the comparison starts after
+        the prefix matched last time: O(drafted tokens) per step, not O(context)."""
+        limit = min(len(self.cached), len(context) - 1)  # always feed at least one token
+        n = shared_prefix(self.cached, context, limit, start=min(self.verified, len(context) - 1))
+        self.runner.rollback(n)
+        del self.cached[n:]
+        self.verified = n
+        return context[n:]
+
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                generator: torch.Generator | None, history: TokenHistory | None = None,
+                noise: PositionNoise | None = None) -> Proposal:
+        k = min(k, self.runner.max_len - len(context))
+        if k <= 0:
+            return Proposal([], None)
+        feed = self._sync(context)
+        sync_seconds = 0.0
+        if len(feed) > 2:  # tokens from plain steps: catch up first, timed apart
+            t0 = time.perf_counter()
+            self.runner.extend(feed[:-1], want_logits=False)
+            self.cached.extend(feed[:-1])
+            feed = feed[-1:]
+            sync_seconds = time.perf_counter() - t0
+        tokens, rows = [], []
+        for i in range(k):
+            logits = self.runner.extend(feed, last_logits=True)[-1]  # a 2-token catch-up needs one row
+            self.cached.extend(feed)
+            # penalised like the target's row after the same drafts
+            penalty_row = history.rows([tokens]) if history is not None else None
+            if params.greedy:  # greedy verification needs no draft probabilities
+                token = int((logits if penalty_row is None else adjust_logits(logits, params, penalty_row)).argmax())
+            else:
+                probs = final_probs(logits[None], params, penalty_row)[0]
+                if noise is not None:  # the race the target's seeded choice at this position runs
+                    token = int(race(probs, noise.exponentials(len(context) + i)))
+                else:
+                    token = sample(probs, generator)
+                rows.append(probs)
+            tokens.append(token)
+            feed = [token]
+        return Proposal(tokens, torch.stack(rows) if rows else None, sync_seconds=sync_seconds)
+
+    def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
+        pass

@@ -1,0 +1,279 @@
+"""EAGLE head (Li et al. 2024) with EAGLE-2 dynamic draft trees.
+
+The head drafts at the feature level: fc(concat(target feature at t, embedding of token t+1))
+-> one Llama decoder layer -> predicted target feature at t+1, which the target's own frozen
+lm_head turns into a token distribution. It keeps its own KV cache over the sequence. Each
+step it grows a tree: expand the top-k children of the most probable nodes for a few depths,
+score nodes by the product of draft probabilities along their path, keep the best N."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specdec.models.cache import KVCache
+from specdec.models.config import ModelConfig
+from specdec.models.linear import pack_linears, project
+from specdec.models.llama import DecoderLayer, RMSNorm, RopeTable, rope_inv_freq
+from specdec.models.packed import pack_weight, packed_bytes
+from specdec.models.runner import tensor_bytes
+from specdec.sampling import SamplingParams, draw_distinct, final_probs
+from specdec.sampling.penalties import PenaltyRows, TokenHistory, adjust_logits, tree_paths
+from specdec.sampling.seeded import PositionNoise
+from specdec.spec.proposers.base import Proposal
+from specdec.spec.proposers.draft_vocab import expand_logits
+from specdec.spec.proposers.head_folder import load_head, save_head
+from specdec.spec.proposers.trees import node_budgets
+
+EAGLE_TYPE = "specdec-eagle"
+
+
+class EagleHead(nn.Module):
+    """draft_vocab > 0: the head has its own output projection over that many tokens (the
+    d2t buffer maps them to target ids, draft_vocab.py); 0: drafts use the target's lm_head."""
+
+    def __init__(self, config: ModelConfig, draft_vocab: int = 0):
+        super().__init__()
+        d = config.hidden_size
+        self.config = config
+        self.fc = nn.Linear(2 * d, d)
+        self.layer = DecoderLayer(config)
+        self.norm = RMSNorm(d, config.rms_norm_eps)
+        self.rope = RopeTable(rope_inv_freq(config))
+        self.lm_head: nn.Module | None = None  # nn.Linear, a PackedLinear once packed
+        if draft_vocab:
+            self.lm_head = nn.Linear(d, draft_vocab, bias=False)
+            self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
+
+    @property
+    def draft_vocab(self) -> int:
+        return 0 if self.lm_head is None else self.lm_head.out_features
+
+    def pack_weights(self) -> EagleHead:
+        """For inference, as LlamaModel.pack_weights: the layer's projections fused, weights
+        packed once for oneDNN (a head pass is a few small matmuls, each of which
+        otherwise repacks its weight)."""
+        self.layer.self_attn.fuse()
+        self.layer.mlp.fuse()
+        for fused in (self.layer.self_attn.qkv, self.layer.mlp.gate_up):
+            fused.packed = pack_weight(fused.weight, fused.bias)
+        pack_linears(self, "fc", "lm_head")
+        pack_linears(self.layer.self_attn, "o_proj")
+        pack_linears(self.layer.mlp, "down_proj")
+        return self
+
+    def new_cache(self, max_len: int) -> KVCache:
+        c = self.config
+        w = self.fc.weight
+        return KVCache(1, c.num_key_value_heads, c.head_dim, max_len, w.dtype, w.device)
+
+    def forward(self, features: torch.Tensor, next_embeds: torch.Tensor, positions: torch.Tensor,
+                cache: KVCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """features, next_embeds: [B, T, d]; mask: full bool [T, cache.length + T] or None
+        (causal). Returns predicted next features [B, T, d]."""
+        x = project(self.fc, torch.cat([features, next_embeds], dim=-1), exact=False)
+        cos, sin = self.rope(positions, x.dtype, x.device)
+        if mask is None and cache is not None and x.shape[1] > 1:
+            past = cache.length
+            mask = torch.ones(x.shape[1], past + x.shape[1], dtype=torch.bool).tril(past)
+        x = self.layer(x, cos, sin, mask, cache, 0)
+        if cache is not None:
+            cache.advance(x.shape[1])
+        return self.norm(x)
+
+
+def save_eagle(head: EagleHead, folder: str | Path, meta: dict) -> None:
+    """meta: the tree shape, measured accuracies and training facts, stored after the shape."""
+    save_head(head, folder, {"model_type": EAGLE_TYPE, "head_config": head.config.to_hf_dict(),
+                             "draft_vocab_size": head.draft_vocab, **meta})
+
+
+def load_eagle(folder: str | Path, dtype: torch.dtype = torch.float32) -> tuple[EagleHead, dict]:
+    return load_head(folder, EAGLE_TYPE, lambda cfg: EagleHead(ModelConfig.from_hf_dict(cfg["head_config"]),
+                                                               cfg.get("draft_vocab_size", 0)), dtype)
+
+
+@dataclass
+class TreeShape:
+    top_k: int = 5  # children expanded per node
+    depth: int = 7  # levels grown
+    expand: int = 5  # nodes expanded per level (the most probable ones)
+    nodes: int = 32  # N kept for verification (the controller may pick a smaller tree)
+
+
+class EagleProposer:
+    name = "eagle"
+    shape = "tree"
+    needs_hidden = True
+
+    def __init__(self, head: EagleHead, embed: nn.Embedding, lm_head: nn.Module, max_len: int,
+                 tree: TreeShape | None = None):
+        self.head, self.embed, self.lm_head = head, embed, lm_head
+        self.vocab_size = embed.num_embeddings
+        self.tree = tree or TreeShape()
+        self.tree_sizes = node_budgets(self.tree.nodes)
+        self.cache = head.new_cache(max_len + self.tree.depth * self.tree.expand + 8)
+        self.reset([])
+
+    def memory_bytes(self) -> int:
+        """The head and its cache (embedding and lm_head are the target's own)."""
+        return tensor_bytes([*self.head.parameters(), *self.cache.keys, *self.cache.values]) + packed_bytes(self.head)
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.cache.rollback(0)
+        self.committed = 0
+        self.pending = []
+        self.prompt_ids = list(prompt_ids)
+        self.root_feature: torch.Tensor | None = None  # predicted feature of the pending token
+
+    def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
+        self.pending.append(hidden)
+        if prefill:  # feed the prompt's features now, so the first step pays no catch-up
+            self._catch_up(self.prompt_ids)
+
+    @torch.inference_mode()
+    def _catch_up(self, context: list[int]) -> float:
+        """Feed the head the target features not seen yet, each paired with the next token.
+        Returns the time spent on features left by plain steps (all but the last step's)."""
+        self.cache.rollback(self.committed)  # forget the last tree's rows
+        if not self.pending:
+            return 0.0
+        *earlier, last = self.pending  # one entry per target step
+        self.pending = []
+        sync_seconds = 0.0
+        if earlier:
+            t0 = time.perf_counter()
+            self._feed(torch.cat(earlier), context)
+            sync_seconds = time.perf_counter() - t0
+        self.root_feature = self._feed(last, context)[-1]
+        return sync_seconds
+
+    def _feed(self, feats: torch.Tensor, context: list[int]) -> torch.Tensor:
+        m, start = feats.shape[0], self.committed
+        next_tokens = torch.tensor(context[start + 1:start + m + 1])
+        out = self.head(feats[None], self.embed(next_tokens)[None], torch.arange(start, start + m), self.cache)
+        self.committed += m
+        return out[0]
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                generator: torch.Generator | None, history: TokenHistory | None = None,
+                noise: PositionNoise | None = None) -> Proposal:
+        if k <= 0:
+            return Proposal([])
+        sync_seconds = self._catch_up(context)
+        if self.root_feature is None:
+            return Proposal([])
+        proposal = self._grow_tree(self.root_feature, len(context) - 1, k, params, generator, history, noise)
+        proposal.sync_seconds = sync_seconds
+        return proposal
+
+    def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Float logits over the target's vocabulary (-inf outside a reduced draft vocabulary)."""
+        if self.head.lm_head is None:
+            return project(self.lm_head, features, exact=False).float()
+        return expand_logits(project(self.head.lm_head, features, exact=False).float(), self.head.d2t, self.vocab_size)
+
+    def _children(self, features: torch.Tensor, top_k: int, params: SamplingParams,
+                  generator: torch.Generator | None, rows: PenaltyRows | None = None,
+                  exponentials: torch.Tensor | None = None,
+                  ) -> tuple[list[list[int]], list[list[float]], torch.Tensor | None]:
+        """Per feature row: child tokens and their draft log-probabilities; greedy takes the
+        top k, sampling draws k without replacement from the final distribution q (returned).
+        rows: with penalties, each feature row's token counts (the tree path it follows).
+        exponentials: seeded races' noise for the children's position (seeded.py)."""
+        if rows is None and self.head.lm_head is not None:  # no penalties or grammar: target ids play no part
+            compact = project(self.head.lm_head, features, exact=False).float()  # over the draft vocabulary
+            d2t = self.head.d2t
+            if params.greedy:  # the top k lie inside the draft vocabulary: rank its N logits
+                top = torch.log_softmax(compact, -1).topk(top_k, dim=-1)
+                return d2t[top.indices].tolist(), top.values.tolist(), None
+            # sampling: every filter (top-k, top-p, min-p) acts alike on the N logits and on the
+            # expanded row (-inf elsewhere), so q is drawn over N tokens and expanded after:
+            # measured here at T=1, full-vocabulary sampling was half of a drafting step
+            own = None if exponentials is None else exponentials[:, d2t]
+            drawn, q_own = draw_distinct(final_probs(compact, params), top_k, generator, exponentials=own)
+            return ([d2t[row].tolist() for row in drawn], [q_own[i, row].log().tolist() for i, row in enumerate(drawn)],
+                    expand_logits(q_own, d2t, self.vocab_size, outside=0.0))
+        logits = self.draft_logits(features)
+        if params.greedy:
+            if rows is not None:
+                logits = adjust_logits(logits, params, rows)
+            top = torch.log_softmax(logits, -1).topk(top_k, dim=-1)
+            return top.indices.tolist(), top.values.tolist(), None
+        drawn, q = draw_distinct(final_probs(logits, params, rows), top_k, generator, exponentials=exponentials)
+        return drawn, [q[row, tokens].log().tolist() for row, tokens in enumerate(drawn)], q
+
+    def _grow_tree(self, root_feature: torch.Tensor, base: int, k: int, params: SamplingParams,
+                   generator: torch.Generator | None, history: TokenHistory | None = None,
+                   noise: PositionNoise | None = None) -> Proposal:
+        """EAGLE-2 expansion from the predicted feature of the pending token (position `base`).
+
+        Scores only fall along a path, so a node scoring no better than the k-th best node so
+        far can never bring a descendant into the kept set: such nodes are not expanded, and
+        the growth stops early once no frontier node can (same result, fewer head passes).
+        When sampling, every expanded node keeps its q and all its draws for the verifier."""
+        top_k, expand, depth_limit = min(self.tree.top_k, k), min(self.tree.expand, k), min(self.tree.depth, k)
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        node_q: dict[int, torch.Tensor] = {}  # expanded node (-1: root) -> its q (sampling)
+        node_draws: dict[int, list[int]] = {}
+        frontier = [-1]  # nodes whose children the rows of `features` predict (-1: the root)
+        cache_rows: dict[int, list[int]] = {-1: []}  # expanded node -> head-cache rows of its path
+        features = root_feature[None]
+        for depth in range(depth_limit):
+            rows = None
+            if history is not None:  # penalised as the target will be: by each frontier node's path
+                paths = tree_paths(tokens, parents)
+                rows = history.rows([paths[node + 1] for node in frontier])
+            # the frontier's children hold the token at position base + 1 + depth
+            exponentials = None if noise is None else noise.exponentials(base + 1 + depth)[None].expand(
+                len(frontier), -1)
+            drawn, logps, q = self._children(features, top_k, params, generator, rows, exponentials)
+            children: list[tuple[int, int]] = []  # (node, row of its parent's feature)
+            for row, parent in enumerate(frontier):
+                parent_score = scores[parent] if parent >= 0 else 0.0
+                if q is not None:
+                    node_q[parent], node_draws[parent] = q[row], drawn[row]
+                for tok, lp in zip(drawn[row], logps[row]):
+                    children.append((len(tokens), row))
+                    tokens.append(tok), parents.append(parent), scores.append(parent_score + lp)
+            if depth + 1 == depth_limit:
+                break
+            kth_best = sorted(scores, reverse=True)[k - 1] if len(scores) >= k else float("-inf")
+            children = sorted(children, key=lambda c: -scores[c[0]])[:expand]
+            children = [c for c in children if scores[c[0]] > kth_best]
+            if not children:
+                break
+            length, n = self.cache.length, len(children)
+            mask = torch.zeros(n, length + n, dtype=torch.bool)
+            mask[:, :self.committed] = True
+            mask_rows, mask_cols = [], []
+            for row, (node, _) in enumerate(children):
+                path = cache_rows[node] = cache_rows[parents[node]] + [length + row]
+                mask_rows += [row] * len(path)
+                mask_cols += path
+            mask[mask_rows, mask_cols] = True
+            x_feat = features[[row for _, row in children]][None]
+            x_tok = self.embed(torch.tensor([tokens[node] for node, _ in children]))[None]
+            features = self.head(x_feat, x_tok, torch.full((n,), base + depth), self.cache, mask)[0]
+            frontier = [node for node, _ in children]
+        # keep the best k nodes (ancestor-closed: a child never outranks its parent)
+        keep = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:k]
+        keep_set = set(keep)
+        keep = [i for i in range(len(tokens)) if i in keep_set and (parents[i] < 0 or parents[i] in keep_set)]
+        new_index = {old: new for new, old in enumerate(keep)}
+        kept_parents = [new_index[parents[i]] if parents[i] >= 0 else -1 for i in keep]
+        if not node_q:
+            return Proposal([tokens[i] for i in keep], None, kept_parents)
+        rows = [-1] + keep  # the root, then the kept nodes
+        draft_probs = torch.zeros(len(rows), node_q[-1].shape[-1])
+        for row, node in enumerate(rows):
+            if node in node_q:
+                draft_probs[row] = node_q[node]
+        return Proposal([tokens[i] for i in keep], draft_probs, kept_parents,
+                        [node_draws.get(node, []) for node in rows])
