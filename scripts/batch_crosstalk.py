@@ -4,9 +4,11 @@ requests join as others finish), and each must equal the same request run alone,
 token, with the same text and finish reason. A third of the requests get a stop string taken
 from the middle of their own single-run output, so the stop rule fires mid-generation.
 
-    python scripts/batch_crosstalk.py [--target smollm2] [--draft DIR] [--dtype float32] [--out FILE]
+    python scripts/batch_crosstalk.py [--target smollm2] [--method draft|medusa|eagle] [--draft DIR]
+                                      [--dtype float32] [--out FILE]
 
-Methods: none and ngram, and draft when --draft is given (a draft with the target's tokenizer).
+Methods: none and ngram, and --method (draft: a draft with the target's tokenizer, --draft DIR
+or the target's shipped one; medusa, eagle: a head folder, --draft DIR or the shipped one).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from specdec.data.prompts import build_suite
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="smollm2")
+    p.add_argument("--method", default=None, choices=["draft", "medusa", "eagle"])
     p.add_argument("--draft", default=None)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--requests", type=int, default=32)
@@ -28,8 +31,9 @@ def main() -> int:
     p.add_argument("--out", default=None, help="also write the report here")
     args = p.parse_args()
 
-    methods = ["none", "ngram"] + (["draft"] if args.draft else [])
-    decoders = {m: specdec.load(target=args.target, draft=args.draft if m == "draft" else None,
+    method = args.method or ("draft" if args.draft else None)
+    methods = ["none", "ngram"] + ([method] if method else [])
+    decoders = {m: specdec.load(target=args.target, draft=args.draft if m == method else None,
                                 method=m, dtype=args.dtype, calibrate=False) for m in methods}
     prompts = [q.text for q in build_suite(8, ["code", "edit", "freetext"])]
     requests = []

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import specdec
-import specdec.engine.single
+import specdec.engine.verdicts
 from specdec.engine.batch import BatchEngine
 from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
@@ -227,7 +227,7 @@ def test_a_wrong_verifier_fails_the_batched_test(tiny_dirs, monkeypatch):
                 return ChainVerdict(i, rng.categorical(target_probs[i]))
         return ChainVerdict(len(drafts), rng.categorical(target_probs[len(drafts)]))
 
-    monkeypatch.setattr(specdec.engine.single, "verify_rejection", wrong_verifier)
+    monkeypatch.setattr(specdec.engine.verdicts, "verify_rejection", wrong_verifier)
     assert min(batched_p_values(tiny_dirs, "draft")) < 1e-3
 
 
@@ -314,7 +314,7 @@ def test_adaptive_batch_k_keeps_greedy_output(model_dir, decoders):
     decoder = specdec.load(target=model_dir, draft=model_dir, dtype="float64", method="draft")
     samplings = [dict(method=METHODS[i % 3], max_new_tokens=m) for i, m in enumerate(MAX_TOKENS)]
     got = decoder.generate_batch(PROMPTS, samplings, max_batch=4)
-    assert decoder.batch_engine(4).width.target.seconds  # calibrated, then measured
+    assert decoder.batch_engine(4).drafting.width.target.seconds  # calibrated, then measured
     assert sum(g.stats.accepted_tokens for g, s in zip(got, samplings) if s["method"] == "draft") > 0
     assert [g.token_ids for g in got] == [decoders["none"].generate(p, max_new_tokens=m).token_ids
                                           for p, m in zip(PROMPTS, MAX_TOKENS)]

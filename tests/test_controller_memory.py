@@ -9,7 +9,7 @@ import pytest
 from test_controller import record, simulate
 
 import specdec
-from specdec.engine.single import sampling_key
+from specdec.engine.controllers import sampling_key
 from specdec.sampling import SamplingParams
 from specdec.spec.controller import DraftLengthController, TreeSizeController
 from specdec.spec.controller_memory import ENV_VAR, MAX_ENTRIES, ControllerMemory, default_path

@@ -8,7 +8,7 @@ included); one tree method is covered as well."""
 import pytest
 
 import specdec
-import specdec.engine.single
+import specdec.engine.verdicts
 from specdec.spec.verify import ChainVerdict
 
 from distribution import N_QUICK, N_SLOW, NEW, PROMPT, p_value, tiny_model_dir
@@ -43,7 +43,7 @@ def test_a_wrong_verifier_fails_the_same_test(sharp_dirs, monkeypatch):
                 return ChainVerdict(i, rng.categorical(target_probs[i]))
         return ChainVerdict(len(drafts), rng.categorical(target_probs[len(drafts)]))
 
-    monkeypatch.setattr(specdec.engine.single, "verify_rejection", wrong_verifier)
+    monkeypatch.setattr(specdec.engine.verdicts, "verify_rejection", wrong_verifier)
     target, draft = sharp_dirs
     decoder = specdec.load(target=target, draft=draft, method="draft", draft_tokens=2)
     assert p_value(decoder, target, dict(temperature=1.0), N_QUICK) < 1e-3
@@ -107,7 +107,7 @@ def test_penalized_tree_sampling_matches_target(dirs, head_dirs):
 def test_counts_that_ignore_the_drafts_fail_the_same_test(dirs, monkeypatch):
     """Power check: the target's rows penalised for the context only, not for the drafts
     before each row."""
-    monkeypatch.setattr(specdec.engine.single, "chain_paths", lambda drafts: [[] for _ in range(len(drafts) + 1)])
+    monkeypatch.setattr(specdec.engine.verdicts, "chain_paths", lambda drafts: [[] for _ in range(len(drafts) + 1)])
     target, draft = dirs
     decoder = specdec.load(target=target, draft=draft, method="draft", draft_tokens=2)
     assert p_value(decoder, target, PENALIZED, N_QUICK) < 1e-3

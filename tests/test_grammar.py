@@ -391,8 +391,8 @@ def test_constrained_sampling_matches_the_constrained_target(tiny_dirs, method, 
 def test_masks_that_ignore_the_drafts_fail_the_same_test(tiny_dirs, monkeypatch):
     """Power check: the target's rows masked by the committed output only."""
     pytest.importorskip("scipy")
-    import specdec.engine.single
-    monkeypatch.setattr(specdec.engine.single, "chain_paths", lambda drafts: [[] for _ in range(len(drafts) + 1)])
+    import specdec.engine.verdicts
+    monkeypatch.setattr(specdec.engine.verdicts, "chain_paths", lambda drafts: [[] for _ in range(len(drafts) + 1)])
     target, draft = tiny_dirs
     decoder = specdec.load(target=target, draft=draft, method="draft", draft_tokens=2)
     assert grammar_p_value(decoder, target, dict(temperature=1.0)) < 1e-3

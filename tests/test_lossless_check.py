@@ -2,7 +2,7 @@
 both in its sampled (chi-square) and greedy (token-for-token) modes."""
 import json
 
-import specdec.engine.single
+import specdec.engine.verdicts
 from specdec.cli.main import main
 from specdec.spec.verify import ChainVerdict
 
@@ -28,7 +28,7 @@ def test_verify_command_catches_a_lossy_verifier(tmp_path, capsys, monkeypatch):
     def lossy(drafts, draft_probs, target_probs, rng):  # accepts every draft
         return ChainVerdict(len(drafts), rng.categorical(target_probs[len(drafts)]))
 
-    monkeypatch.setattr(specdec.engine.single, "verify_rejection", lossy)
+    monkeypatch.setattr(specdec.engine.verdicts, "verify_rejection", lossy)
     code, report = run_verify(tmp_path, capsys, draft_seed=5, draft_scale=3.0)
     assert code == 1 and report["p_value"] < 0.001 and "DIFFERENT" in report["verdict"]
 
@@ -66,7 +66,7 @@ def test_greedy_verify_catches_a_verifier_that_keeps_wrong_drafts(tmp_path, caps
     def lossy(drafts, target_probs):  # accepts every draft
         return ChainVerdict(len(drafts), int(target_probs[len(drafts)].argmax()))
 
-    monkeypatch.setattr(specdec.engine.single, "verify_greedy", lossy)
+    monkeypatch.setattr(specdec.engine.verdicts, "verify_greedy", lossy)
     code, report = greedy_verify(tmp_path, capsys)
     assert code == 1 and "DIFFERENT" in report["verdict"] and report["identical"] < 3
 
@@ -90,7 +90,7 @@ def test_seeded_verify_compares_seeded_outputs_token_for_token(tmp_path, capsys)
 
 
 def test_seeded_verify_catches_a_verifier_that_keeps_wrong_drafts(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(specdec.engine.single, "verify_choices",
+    monkeypatch.setattr(specdec.engine.verdicts, "verify_choices",
                         lambda drafts, choices: ChainVerdict(len(drafts), choices[len(drafts)]))
     code, report = seeded_verify(tmp_path, capsys)
     assert code == 1 and report["identical"] < 3 and "DIFFERENT seeded output" in report["verdict"]

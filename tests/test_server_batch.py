@@ -16,7 +16,6 @@ pytest.importorskip("prometheus_client")
 from test_server import API_KEY, AUTH, LiveServer, one_torch_thread  # noqa: E402, F401
 
 import specdec  # noqa: E402
-from specdec.errors import SpecdecError  # noqa: E402
 from specdec.sampling import SamplingParams
 from specdec.server.app import ServerSettings, create_app  # noqa: E402
 
@@ -119,12 +118,28 @@ def test_dropped_streams_free_their_slots(server, reference):
     assert len(server.app.state.server.worker.batch) == 0  # every slot is free again
 
 
-def test_unbatched_method_is_refused(model_dir, tmp_path):
-    from helpers import make_medusa_dir
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_tree_methods_are_batched(model_dir, reference, tmp_path, method):
+    """A Medusa or EAGLE server with --max-batch: 8 concurrent clients (greedy and seeded)
+    against a 4-slot batch get what the library gives alone."""
+    from helpers import make_eagle_dir, make_medusa_dir
 
-    decoder = specdec.load(model_dir, make_medusa_dir(tmp_path / "medusa", model_dir), method="medusa")
-    with pytest.raises(SpecdecError, match="max-batch"):
-        create_app(decoder, ServerSettings(max_batch=2))
+    make_dir = make_medusa_dir if method == "medusa" else make_eagle_dir
+    decoder = specdec.load(model_dir, make_dir(tmp_path / method, model_dir), method=method, draft_tokens=6)
+    live = LiveServer(create_app(decoder, ServerSettings(model_name=MODEL, api_key=API_KEY, max_batch=4)))
+    try:
+        bodies = [{"model": MODEL, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 8 + 3 * i,
+                   "temperature": 0 if i % 2 else 0.8, "seed": 5 + i} for i in range(8)]
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda b: httpx.post(f"{live.url}/v1/completions", json=b, headers=AUTH,
+                                                         timeout=60), bodies))
+        for body, answer in zip(bodies, answers):
+            assert answer.status_code == 200, answer.text
+            want = reference.generate(body["prompt"], max_new_tokens=body["max_tokens"],
+                                      temperature=body["temperature"], seed=body["seed"]).text
+            assert answer.json()["choices"][0]["text"] == want
+    finally:
+        live.stop()
 
 
 def test_serve_cli_max_batch(capsys):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import specdec
-import specdec.engine.single
+import specdec.engine.verdicts
 from specdec.spec.verify import verify_tree_sampling
 
 from distribution import N_QUICK, N_SLOW, NEW, PROMPT, V, p_value, tiny_model_dir
@@ -80,7 +80,7 @@ def test_a_tree_verifier_told_the_wrong_draft_distribution_fails(dirs, monkeypat
     def wrong_q(tokens, parents, target_probs, rng, draft_probs=None, draws=None):
         return verify_tree_sampling(tokens, parents, target_probs, rng, torch.full_like(draft_probs, 1 / V), draws)
 
-    monkeypatch.setattr(specdec.engine.single, "verify_tree_sampling", wrong_q)
+    monkeypatch.setattr(specdec.engine.verdicts, "verify_tree_sampling", wrong_q)
     target, heads = dirs
     decoder = specdec.load(target=target, draft=heads["eagle"], method="eagle", draft_tokens=FIXED_NODES["eagle"])
     assert p_value(decoder, target, dict(temperature=1.0), N_QUICK) < 1e-3

@@ -7,12 +7,13 @@ A step:
 1. prefills waiting prompts, in chunks of at most `prefill_chunk` tokens per step, so a long
    prompt does not stall the sequences already decoding (a prompt that fits in one chunk is
    prefilled in one pass, exactly as Engine.start does);
-2. picks one K for the batch and lets every decoding sequence draft up to it;
+2. lets every decoding sequence draft (batch_drafting.py: one K for the chains, a tree per
+   tree-method sequence);
 3. scores every sequence's [last token] + drafts in ONE target pass (rows packed through the
    projections, padded to the widest sequence only inside attention, where a mask keeps
    each row to its own slot: models/batch.py);
 4. verifies each sequence with its own sampling settings, exactly as Engine._verify_chain
-   does (engine.chain_verdict), rolls its slot back past its rejected drafts, and applies its
+   does (verdicts.chain_verdict), rolls its slot back past its rejected drafts, and applies its
    stop rules (EOS, stop strings, max tokens, context).
 
 K: one per step for the whole batch (batch_controller.py), from the measured costs of
@@ -22,43 +23,29 @@ pass (attention pads to the widest). A fixed K (draft_tokens) is used as is.
 
 Drafting: `ngram` per sequence (no model); `draft` (when the decoder's method is draft) as one
 batched draft-model pass per draft position (proposers/batch_draft.py), the draft model
-holding a cache slot per sequence, in the target's slot numbers. Tree methods (medusa,
-eagle) are not batched yet. A decoder's batch offers `none`, `ngram` and its own method when
-batched, per sequence."""
+holding a cache slot per sequence, in the target's slot numbers; tree methods (medusa, eagle)
+with a proposer per sequence (`fork`: the same head, its own features and cache), each
+sequence's tree sized by its own controller and verified in the shared pass (models/batch.py:
+each tree row at its depth's position, seeing its slot's cache and its ancestors). A decoder's
+batch offers `none`, `ngram` and its own method when batched, per sequence."""
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import torch
+
+from specdec.engine.batch_drafting import TREE_METHODS, BatchDrafting, BatchEntry
 from specdec.engine.sequence import GenerationResult, Sequence, StreamChunk
-from specdec.engine.single import Engine, chain_verdict
+from specdec.engine.single import Engine
+from specdec.engine.verdicts import chain_verdict, tree_verdict
 from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
 from specdec.sampling import SamplingParams
 from specdec.sampling.logprobs import last_entries, token_logprobs
-from specdec.spec.batch_controller import BatchDraftLength
-from specdec.spec.proposers.base import Proposal, Proposer
-from specdec.spec.proposers.batch_draft import BatchDraftModel, DraftRequest
-from specdec.spec.proposers.draft_model import DraftModelProposer
-from specdec.spec.proposers.prompt_lookup import PromptLookupProposer
+from specdec.spec.verify import tree_attention_mask
 from specdec.stats import StepRecord
-
-BATCHED_METHODS = ("none", "ngram", "draft")
-
-
-@dataclass
-class BatchEntry:
-    """A sequence in a slot of the batch."""
-    seq: Sequence
-    method: str
-    proposer: Proposer | None  # a per-sequence drafter (ngram); None for none and draft
-    prefilled: int = 0  # tokens of prompt_ids[:-1] already in the slot's cache
-
-    @property
-    def ready(self) -> bool:
-        """Prefilled: the slot holds the whole context but its last token."""
-        return self.prefilled >= len(self.seq.prompt_ids) - 1
 
 
 @dataclass
@@ -82,16 +69,9 @@ class BatchEngine:
         self.prefill_chunk = prefill_chunk
         self.max_rows = max_rows
         self.runner = BatchRunner(model, max_batch, engine.target.max_len)
-        self.proposers: dict[str, Proposer | None] = {"none": None, "ngram": PromptLookupProposer()}
-        if engine.method == "ngram":
-            self.proposers["ngram"] = engine.proposer
-        self.draft: BatchDraftModel | None = None  # the draft model's slots, for method draft
-        if engine.method == "draft" and isinstance(engine.proposer, DraftModelProposer):  # not a cross-vocab draft
-            self.draft = BatchDraftModel(engine.proposer.runner.model, max_batch,
-                                         min(engine.target.max_len, engine.proposer.runner.max_len))
-            self.proposers["draft"] = None
+        self.drafting = BatchDrafting(engine, max_batch, max_rows)
+        self.draft = self.drafting.draft  # the draft model's slots (method draft), moved with the target's
         self.entries: list[BatchEntry] = []  # entries[b] is in slot b
-        self.width = BatchDraftLength()  # the batch's K (unless the engine fixes K)
         if calibrate:
             self.calibrate()
 
@@ -130,9 +110,9 @@ class BatchEngine:
         rows = 1
         while rows <= self.max_rows:
             n = min(self.max_batch, rows)
-            self.width.target.observe(n * (rows // n), best(target_pass, n, rows // n))
+            self.drafting.width.target.observe(n * (rows // n), best(target_pass, n, rows // n))
             if self.draft is not None and rows <= self.max_batch:
-                self.width.draft.observe(rows, best(draft_pass, rows))
+                self.drafting.width.draft.observe(rows, best(draft_pass, rows))
             rows *= 2
         for slot in range(self.max_batch):
             self.runner.rollback(slot, 0)
@@ -141,7 +121,7 @@ class BatchEngine:
 
     @property
     def method(self) -> str:
-        return self.engine.method if self.engine.method in self.proposers else "none"
+        return self.drafting.method
 
     @property
     def free_slots(self) -> int:
@@ -153,11 +133,12 @@ class BatchEngine:
     def add(self, prompt: str | list[int], params: SamplingParams, method: str | None = None) -> Sequence:
         """A new sequence in the next free slot; its prompt is prefilled by the next steps."""
         method = method or self.method
-        self._check_method(method)
+        self.drafting.check_method(method)
         if not self.free_slots:
             raise SpecdecError(f"the batch is full ({self.max_batch} sequences)")
-        proposer = self.proposers[method]
-        seq = self.engine.new_sequence(prompt, params, controller=self.engine.new_controller(), method=method)
+        proposer = self.drafting.proposer_for(method)
+        seq = self.engine.new_sequence(prompt, params, controller=self.engine.new_controller(method in TREE_METHODS),
+                                       method=method)
         if proposer is not None:
             proposer.reset(seq.prompt_ids)
         self.runner.rollback(len(self.entries), 0)
@@ -165,11 +146,6 @@ class BatchEngine:
             self.draft.reset(len(self.entries))
         self.entries.append(BatchEntry(seq, method, proposer))
         return seq
-
-    def _check_method(self, method: str) -> None:
-        if method not in self.proposers:
-            raise SpecdecError(f"method {method!r} is not batched here; this batch offers "
-                               f"{', '.join(self.proposers)} (draft when the decoder's method is draft)")
 
     def cancel(self, seq: Sequence) -> None:
         """Drop a sequence (finished or not) and free its slot."""
@@ -207,6 +183,7 @@ class BatchEngine:
     def _release(self, slot: int) -> None:
         """Free a slot, keeping the running sequences in slots [0, n): the last one moves in."""
         last = len(self.entries) - 1
+        self.drafting.release(self.entries[slot])
         if slot != last:
             self.runner.move(last, slot)
             if self.draft is not None:
@@ -245,6 +222,8 @@ class BatchEngine:
             logits = self.runner.extend_slot(slot, ids, want_logits=seq.params.prompt_logprobs is not None)
             if entry.method == "draft":
                 self.draft.prefill(slot, ids)
+            if entry.needs_hidden:
+                entry.proposer.observe_target(self.runner.last_hidden[0], prefill=True)
             if seq.params.prompt_logprobs is not None:
                 follow = seq.prompt_ids[entry.prefilled + 1:entry.prefilled + 1 + len(ids)]
                 seq.prompt_logprobs += token_logprobs(logits, follow, seq.params.prompt_logprobs)
@@ -254,99 +233,44 @@ class BatchEngine:
             events.append(BatchEvent(seq, None))
         return events
 
-    def _limits(self, ready: list[int]) -> list[int]:
-        """The most drafts each sequence may take this step: its method's and its tokens'
-        limits, and max_rows // n - 1 so that the padded pass holds at most max_rows rows."""
-        cap = self.max_rows // len(ready) - 1
-        max_k = self.engine.fixed_draft_tokens or self.engine.max_draft_tokens
-        limits = []
-        for slot in ready:
-            entry = self.entries[slot]
-            seq = entry.seq
-            room = self.runner.max_len - len(seq.context)
-            limits.append(0 if entry.method == "none" else max(0, min(max_k, seq.remaining - 1, room - 1, cap)))
-        return limits
-
-    def _choose_k(self, ready: list[int], limits: list[int]) -> int:
-        """A fixed K (draft_tokens), else the batch's K from measured costs (batch_controller.py)."""
-        if self.engine.fixed_draft_tokens is not None:
-            return self.engine.fixed_draft_tokens
-        expected = [self.entries[slot].seq.controller.expected_tokens for slot in ready]
-        drafting = sum(1 for slot, lim in zip(ready, limits) if lim and self.entries[slot].method == "draft")
-        return self.width.choose(limits, expected, self.max_rows // len(ready) - 1, drafting)
-
     def _decode(self, ready: list[int]) -> list[BatchEvent]:
-        limits = self._limits(ready)
-        early = self._propose_each(ready, limits)  # cheap drafters first: K then knows their matches
-        limits = [len(early[slot][0].tokens) if slot in early else lim for slot, lim in zip(ready, limits)]
-        k = self._choose_k(ready, limits)
-        budgets = [min(k, lim) for lim in limits]
-        proposals, draft_seconds, model_seconds = self._propose(ready, budgets, early)
+        budgets, proposals, draft_seconds, model_seconds = self.drafting.plan(self.entries, ready, self.runner)
         rows: list[list[int]] = [[] for _ in range(ready[-1] + 1)]
         exact = [False] * len(rows)
+        trees: list[torch.Tensor | None] = [None] * len(rows)
         for slot, proposal in zip(ready, proposals):
             seq = self.entries[slot].seq
             rows[slot] = [seq.context[-1]] + proposal.tokens
             exact[slot] = self.engine.exact_for(seq)
+            if proposal.parents is not None:
+                trees[slot] = tree_attention_mask(proposal.parents).to(torch.bool)
         t0 = time.perf_counter()
-        logits = self.runner.extend(rows, exact)
+        logits = self.runner.extend(rows, exact, trees)
         target_seconds = time.perf_counter() - t0
         drafting = [b for slot, b in zip(ready, budgets) if b and self.entries[slot].method == "draft"]
-        self.width.observe(sum(len(r) for r in rows), target_seconds, len(drafting),
-                           max(drafting, default=0), model_seconds)
+        self.drafting.width.observe(sum(len(r) for r in rows), target_seconds, len(drafting),
+                                    max(drafting, default=0), model_seconds)
         events = []
         for slot, budget, proposal, drafted_in in zip(ready, budgets, proposals, draft_seconds):
             entry, t1 = self.entries[slot], time.perf_counter()
             seq = entry.seq
-            verdict = chain_verdict(seq, proposal, logits[slot])
-            n = verdict.num_accepted
-            self.runner.rollback(slot, len(seq.context) + n)  # the context but its new last token
-            step = self.engine.emit(seq, proposal.tokens[:n] + [verdict.next_token], logits[slot], budget, proposal,
-                                    n, drafted_in, target_seconds, other_since=t1, observe=entry.method != "none")
+            start = len(seq.context) - 1  # the slot's length before the pass
+            if proposal.parents is None:
+                verdict = chain_verdict(seq, proposal, logits[slot])
+                n = verdict.num_accepted
+                kept, tokens = list(range(n + 1)), proposal.tokens[:n] + [verdict.next_token]
+                self.runner.rollback(slot, start + n + 1)
+            else:
+                verdict = tree_verdict(seq, proposal, logits[slot], self.engine.typical_acceptance)
+                kept = [0] + [1 + i for i in verdict.path]
+                tokens, n = [proposal.tokens[i] for i in verdict.path] + [verdict.next_token], len(verdict.path)
+                self.runner.keep(slot, start, kept)
+            if entry.needs_hidden:
+                entry.proposer.observe_target(self.runner.last_hidden[slot][kept])
+            step = self.engine.emit(seq, tokens, logits[slot][kept], budget, proposal, n, drafted_in,
+                                    target_seconds, other_since=t1, observe=entry.method != "none")
             events.append(BatchEvent(seq, step))
         return events
-
-    def _propose_each(self, ready: list[int], limits: list[int]) -> dict[int, tuple[Proposal, float]]:
-        """Per-sequence drafters (prompt lookup) at each sequence's limit, with their seconds."""
-        out = {}
-        for slot, limit in zip(ready, limits):
-            entry, t0 = self.entries[slot], time.perf_counter()
-            if entry.proposer is not None and limit > 0:
-                seq = entry.seq
-                proposal = entry.proposer.propose(seq.context, limit, seq.params, seq.generator,
-                                                  history=seq.history, noise=seq.noise)
-                out[slot] = (proposal, time.perf_counter() - t0)
-        return out
-
-    def _propose(self, ready: list[int], budgets: list[int], early: dict[int, tuple[Proposal, float]]
-                 ) -> tuple[list[Proposal], list[float], float]:
-        """Each sequence's drafts and the seconds it waited for them: the early proposals cut
-        to the budget (a shorter lookup gives their prefix), the draft model's sequences
-        together in batched passes (whose seconds come third)."""
-        proposals: dict[int, Proposal] = {}
-        seconds: dict[int, float] = {}
-        requests = []
-        for slot, budget in zip(ready, budgets):
-            seq = self.entries[slot].seq
-            if budget > 0 and self.entries[slot].method == "draft":
-                requests.append(DraftRequest(slot, seq.context, budget, seq.params, seq.generator,
-                                             seq.history, seq.noise))
-            elif budget > 0:
-                proposal, seconds[slot] = early[slot]
-                probs = proposal.draft_probs
-                proposals[slot] = Proposal(proposal.tokens[:budget], None if probs is None else probs[:budget],
-                                           sync_seconds=proposal.sync_seconds)
-            else:
-                proposals[slot], seconds[slot] = Proposal([]), early[slot][1] if slot in early else 0.0
-        elapsed = 0.0
-        if requests:
-            t0 = time.perf_counter()
-            drafted = self.draft.propose(requests)
-            elapsed = time.perf_counter() - t0
-            for r in requests:
-                proposals[r.slot] = drafted.get(r.slot, Proposal([]))
-                seconds[r.slot] = elapsed
-        return [proposals[slot] for slot in ready], [seconds[slot] for slot in ready], elapsed
 
     # ---------------------------------------------------------------- offline batches
     def generate(self, requests: Iterable[tuple[str | list[int], SamplingParams, str | None]]
@@ -356,7 +280,7 @@ class BatchEngine:
         waiting = list(enumerate(requests))
         for _, (prompt, _, method) in waiting:  # fail before any work
             self.engine.encode_prompt(prompt)
-            self._check_method(method or self.method)
+            self.drafting.check_method(method or self.method)
         waiting.reverse()
         index: dict[int, int] = {}
         results: list[GenerationResult | None] = [None] * len(waiting)

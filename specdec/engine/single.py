@@ -12,32 +12,26 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.engine.controllers import ControllerBank
 from specdec.engine.sequence import GenerationResult, Sequence, StreamChunk
 from specdec.engine.text import TextStream, TextTokenizer
+from specdec.engine.verdicts import chain_verdict, tree_verdict
 from specdec.errors import SpecdecError
 from specdec.models.cache import shared_prefix
 from specdec.models.runner import Runner
-from specdec.sampling import SamplingParams, final_probs, make_generator
+from specdec.sampling import SamplingParams, make_generator
 from specdec.sampling.grammar import GrammarCompiler, GrammarState
 from specdec.sampling.logprobs import last_entries, token_logprobs
-from specdec.sampling.penalties import chain_paths, history_for, tree_paths
+from specdec.sampling.penalties import history_for
 from specdec.sampling.seeded import PositionNoise
 from specdec.spec.calibrate import PassCosts, measure_pass_costs
 from specdec.spec.controller import Controller, DraftLengthController, TreeSizeController
-from specdec.spec.controller_memory import ControllerMemory, machine_key
+from specdec.spec.controller_memory import ControllerMemory
 from specdec.spec.proposers.base import Proposal, Proposer
 from specdec.spec.verify import (
-    ChainVerdict,
     TorchRandom,
     tree_attention_mask,
     tree_depths,
-    verify_choices,
-    verify_greedy,
-    verify_rejection,
-    verify_tree_choices,
-    verify_tree_greedy,
-    verify_tree_sampling,
-    verify_tree_typical,
 )
 from specdec.stats import GenerationStats, StepRecord
 
@@ -50,28 +44,6 @@ class Verified:
     kept: list[int]  # rows of the verify pass that stay in the cache
     target_seconds: float
     logits: torch.Tensor | None = None  # the pass's logits: row kept[j] predicted new_tokens[j]
-
-
-def chain_verdict(seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> ChainVerdict:
-    """Verify a chain from the target's logits over [last] + drafts, with the sequence's own
-    sampling settings (shared with the batched engine, so both verify alike)."""
-    drafts, params, history = proposal.tokens, seq.params, seq.history
-    if params.greedy and history is None:  # no penalties or grammar (penalties.history_for)
-        return verify_greedy(drafts, logits)  # the argmax final_probs' one-hot would have, without building it
-    target_probs = final_probs(logits, params, history and history.rows(chain_paths(drafts)))
-    if params.greedy:
-        return verify_greedy(drafts, target_probs)
-    if seq.noise is not None:  # row i predicts the token at position len(context) + i
-        positions = list(range(len(seq.context), len(seq.context) + len(drafts) + 1))
-        return verify_choices(drafts, seq.noise.samples(target_probs, positions))
-    return verify_rejection(drafts, proposal.draft_probs, target_probs, seq.rng)
-
-
-def sampling_key(params: SamplingParams) -> tuple:
-    """The settings acceptance depends on: one controller (and memory entry) per value."""
-    return (params.temperature, params.top_k, params.top_p, params.min_p, params.presence_penalty,
-            params.frequency_penalty, params.repetition_penalty, params.logit_bias, params.grammar is not None,
-            params.drafter_invariant)
 
 
 class Engine:
@@ -91,7 +63,6 @@ class Engine:
         # verify pass gives the logits a 1-token pass would, so the speculative output equals
         # plain decoding's bit for bit in any dtype
         self.exact = exact
-        self._controllers: dict[tuple, Controller] = {}
         self.pass_costs: PassCosts | None = None  # from calibrate(): the controllers' starting costs
         self._grammars: GrammarCompiler | None = None  # built on the first constrained request
         # prefix reuse: a new prompt's leading tokens that the target cache already holds are
@@ -103,7 +74,7 @@ class Engine:
         # controllers start from what earlier processes learned with this setup (memory_setup:
         # target, drafter, dtype, kernels) on this machine, and leave what they learn there
         self.memory = memory if proposer is not None and fixed_draft_tokens is None else None
-        self.memory_setup = memory_setup
+        self.controllers = ControllerBank(self.new_controller, self.memory, memory_setup)
 
     def calibrate(self) -> PassCosts:
         """Time (and so warm up) the passes decoding will use; new controllers start from them."""
@@ -113,7 +84,7 @@ class Engine:
         max_k = 0 if self.proposer is None else max(self.proposer.tree_sizes) if tree else self.max_draft_tokens
         self._held = None
         self.pass_costs = measure_pass_costs(self.target, self.proposer, max_k, filler, exact=self.exact)
-        self._controllers.clear()
+        self.controllers.clear()
         return self.pass_costs
 
     @property
@@ -140,35 +111,19 @@ class Engine:
         return ids
 
     def controller_for(self, params: SamplingParams) -> Controller:
-        """One controller per sampling setting, kept across generations: measured costs carry
-        over, and acceptance (which depends on temperature and filters) is tracked apart."""
-        key = sampling_key(params)
-        if key not in self._controllers:
-            if len(self._controllers) >= 64:
-                self._controllers.pop(next(iter(self._controllers)))
-            controller = self._controllers[key] = self.new_controller()
-            state = self.memory.recall(self._memory_key(key)) if self.memory is not None else None
-            if state is not None:
-                try:
-                    controller.recall(state)
-                except (KeyError, TypeError, ValueError, AttributeError):
-                    pass  # a damaged or older entry: start fresh, as without memory
-        return self._controllers[key]
-
-    def _memory_key(self, key: tuple) -> str:
-        return f"{machine_key()}|{self.memory_setup}|{key!r}"
+        """This engine's controller for a sampling setting (engine/controllers.py)."""
+        return self.controllers.get(params)
 
     def remember(self, seq: Sequence) -> None:
-        """Leave the state of seq's controller (if it is this engine's controller for seq's
-        sampling settings) in memory for later processes (see controller_for)."""
-        if self.memory is None:
-            return
-        key = sampling_key(seq.params)
-        if self._controllers.get(key) is seq.controller:
-            self.memory.remember(self._memory_key(key), seq.controller.memory())
+        """Leave what seq's controller learned for later processes (engine/controllers.py)."""
+        self.controllers.remember(seq.params, seq.controller)
 
-    def new_controller(self) -> Controller:
-        if self.proposer is not None and self.proposer.shape == "tree":
+    def new_controller(self, tree: bool | None = None) -> Controller:
+        """A controller for this engine's drafter (tree: for a tree drafter or not, whatever
+        this engine's is: a batch mixes methods)."""
+        if tree is None:
+            tree = self.proposer is not None and self.proposer.shape == "tree"
+        if tree:
             return TreeSizeController(self.proposer.tree_sizes, fixed_size=self.fixed_draft_tokens)
         controller = DraftLengthController(max_k=self.max_draft_tokens, fixed_k=self.fixed_draft_tokens)
         if self.pass_costs is not None:
@@ -344,22 +299,10 @@ class Engine:
     def _verify_tree(self, seq: Sequence, proposal: Proposal) -> Verified:
         """Score [last] + tree nodes in one pass with a tree mask; keep only the accepted path."""
         drafts, parents, start = proposal.tokens, proposal.parents, self.target.length
-        params, history = seq.params, seq.history
-        depths = [0] + tree_depths(parents)
         logits, seconds = self._target_pass([seq.context[-1]] + drafts, seq,
                                             attn_mask=tree_attention_mask(parents),
-                                            positions=start + torch.tensor(depths))
-        target_probs = final_probs(logits, params, history and history.rows(tree_paths(drafts, parents)))
-        if params.greedy:
-            verdict = verify_tree_greedy(drafts, parents, target_probs)
-        elif seq.noise is not None:  # the row of a node at depth d predicts position len(context) + d
-            positions = [len(seq.context) + d for d in depths]
-            verdict = verify_tree_choices(drafts, parents, seq.noise.samples(target_probs, positions))
-        elif self.typical_acceptance:
-            verdict = verify_tree_typical(drafts, parents, target_probs, seq.rng)
-        else:
-            verdict = verify_tree_sampling(drafts, parents, target_probs, seq.rng, proposal.draft_probs,
-                                           proposal.draws)
+                                            positions=start + torch.tensor([0] + tree_depths(parents)))
+        verdict = tree_verdict(seq, proposal, logits, self.typical_acceptance)
         kept = [0] + [1 + i for i in verdict.path]
         self.target.keep(start, kept)
         return Verified([drafts[i] for i in verdict.path] + [verdict.next_token], len(verdict.path), kept, seconds,

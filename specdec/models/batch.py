@@ -14,14 +14,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specdec.kernels import invariant
 from specdec.models.cache import BatchKVCache
-from specdec.models.exact import Counts, attend_counted
+from specdec.models.exact import Counts, TreeRows, attend_counted, attend_rows
 from specdec.models.linear import project
 from specdec.models.llama import Attention, LlamaModel
 from specdec.models.runner import tensor_bytes
 
-# (slots attending with the shared mask, slots whose rows attend alone, their rows' key counts)
-ExactRows = tuple[list[int], list[int], Counts]
+# (slots attending with the shared mask, chain slots whose rows attend alone, their rows' key
+# counts, tree slots whose rows attend alone: (slot, the tree's rows))
+ExactRows = tuple[list[int], list[int], Counts, list[tuple[int, TreeRows]]]
 
 
 SMALL_PASS_ROWS = 16  # decode and verify passes: attend_masked; wider (prefill chunks): SDPA
@@ -62,60 +64,90 @@ def _attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     elif exact_rows is None:
         y = F.scaled_dot_product_attention(queries, k, v, attn_mask=mask, enable_gqa=gqa)
     else:
-        shared, alone, counts = exact_rows
-        if not shared:  # every slot exact (no copy of the cache)
+        shared, alone, counts, trees = exact_rows
+        if not shared and not trees:  # every slot an exact chain (no copy of the cache)
             y = attend_counted(queries, k, v, counts)
         else:
             y = torch.zeros_like(queries)
-            idx = torch.tensor(shared, device=q.device)
-            y[idx] = F.scaled_dot_product_attention(queries[idx], k[idx], v[idx], attn_mask=mask[idx], enable_gqa=gqa)
-            idx = torch.tensor(alone, device=q.device)
-            y[idx] = attend_counted(queries[idx], k[idx], v[idx], counts)
+            if shared:
+                idx = torch.tensor(shared, device=q.device)
+                y[idx] = F.scaled_dot_product_attention(queries[idx], k[idx], v[idx], attn_mask=mask[idx],
+                                                        enable_gqa=gqa)
+            if alone:
+                idx = torch.tensor(alone, device=q.device)
+                y[idx] = attend_counted(queries[idx], k[idx], v[idx], counts)
+            for b, tree in trees:  # each row over its own keys: the cache's and its ancestors'
+                width = tree.seen.shape[0]
+                y[b:b + 1, :, :width] = attend_rows(queries[b:b + 1, :, :width], k[b:b + 1], v[b:b + 1], tree)
     y = y.transpose(0, 1).reshape(y.shape[1], n * T, y.shape[3]) if full else y[slot, :, row].transpose(0, 1)
     return attn.output(y[None], exact)
 
 
-def batch_forward(model: LlamaModel, ids: list[list[int]], cache: BatchKVCache,
-                  exact: list[bool] | None = None) -> torch.Tensor:
+def batch_forward(model: LlamaModel, ids: list[list[int]], cache: BatchKVCache, exact: list[bool] | None = None,
+                  trees: list[torch.Tensor | None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Append ids[b] to slot b of the cache for b in [0, len(ids)) in one pass; return the
-    logits of every row, packed: [sum of len(ids[b]), V], slot b's after slot b-1's.
-    exact[b]: slot b's rows are computed as 1-token passes would compute them.
+    logits and final-norm hidden states of every row, packed: [sum of len(ids[b]), V] and
+    [..., d], slot b's after slot b-1's. exact[b]: slot b's rows are computed as 1-token passes
+    would compute them. trees[b] (None: a chain): slot b's rows are a tree, seen [T_b, T_b]
+    bool (row t sees the rows of itself and its ancestors, as verify.tree_attention_mask):
+    each row at the position of its depth, attending to the slot's cache and its ancestors.
 
     Rows are packed (no padding) through the projections, which cost by the row, and padded
     to the widest slot only inside attention: a slot verifying no drafts does not pay the
     projections for another's 8."""
     n, widths = len(ids), [len(r) for r in ids]
     T, device = max(widths), model.device
+    trees = trees or [None] * n
+    starts = cache.lengths[:n]
     end = cache.begin_pass(widths)
     slot, row, pos = cache.pass_rows()
+    rope_pos = pos
+    if any(tree is not None for tree in trees):  # a tree row's position is its depth's
+        depths = [(tree.sum(1) - 1).tolist() if tree is not None else range(w) for tree, w in zip(trees, widths)]
+        rope_pos = torch.tensor([starts[b] + d for b in range(n) for d in depths[b]], device=device)
     flat = torch.tensor([token for r in ids for token in r], dtype=torch.long, device=device)
     if model.stack is not None:  # GGUF blocks: every row exact, all layers in one kernel call (grouped_stack.py)
         write = pos.tolist()
         base = [b * cache.keys[0].stride(0) for b in slot.tolist()]
-        x = model.stack(model.model.embed_tokens(flat), pos, model.rope, cache.keys, cache.values, base, write,
-                        [p + 1 for p in write])
+        lists = None
+        if any(tree is not None for tree in trees):
+            lists = invariant.key_lists([key for b in range(n) for key in _row_keys(starts[b], widths[b], trees[b])])
+        x = model.stack(model.model.embed_tokens(flat), rope_pos, model.rope, cache.keys, cache.values, base, write,
+                        [p + 1 for p in write] if lists is None else lists.lengths, lists)
         cache.end_pass(widths)
-        return project(model.lm_head, model.model.norm(x), True)
-    cos, sin = model.rope(pos[None], model.dtype, device)
+        h = model.model.norm(x)
+        return project(model.lm_head, h, True), h
+    cos, sin = model.rope(rope_pos[None], model.dtype, device)
     any_exact = exact is not None and any(exact)
     mask = None  # only slots outside exact mode attend with it
     if not any_exact or not all(exact):
-        starts = torch.tensor(cache.lengths[:n], device=device)
-        positions = starts[:, None] + torch.arange(T, device=device)  # padded: padding rows finite, never read
+        positions = torch.tensor(starts, device=device)[:, None] + torch.arange(T, device=device)  # padded: finite
         mask = (torch.arange(end, device=device) <= positions[:, :, None])[:, None]  # [n, 1, T, end]
+        for b, tree in enumerate(trees):
+            if tree is not None:
+                mask[b, 0, :widths[b], starts[b]:starts[b] + widths[b]] = tree
     exact_rows = None
     if any_exact:
-        alone = [b for b in range(n) if exact[b]]
+        alone = [b for b in range(n) if exact[b] and trees[b] is None]
         # row t of slot b sees the slot's keys and its rows up to t
-        counts = tuple(tuple(cache.lengths[b] + t + 1 for t in range(widths[b])) for b in alone)
-        exact_rows = ([b for b in range(n) if not exact[b]], alone, counts)
+        counts = tuple(tuple(starts[b] + t + 1 for t in range(widths[b])) for b in alone)
+        exact_trees = [(b, TreeRows(starts[b], trees[b])) for b in range(n) if exact[b] and trees[b] is not None]
+        exact_rows = ([b for b in range(n) if not exact[b]], alone, counts, exact_trees)
     x = model.model.embed_tokens(flat)[None]  # [1, R, d]
     for i, layer in enumerate(model.model.layers):
         x = x + _attention(layer.self_attn, layer.input_layernorm(x), cos, sin, mask, cache, i, exact_rows, any_exact,
                            (slot, row), (n, T))
         x = x + layer.mlp(layer.post_attention_layernorm(x), any_exact)
     cache.end_pass(widths)
-    return project(model.lm_head, model.model.norm(x), any_exact)[0]
+    h = model.model.norm(x)
+    return project(model.lm_head, h, any_exact)[0], h[0]
+
+
+def _row_keys(start: int, width: int, tree: torch.Tensor | None) -> list[torch.Tensor]:
+    """The cache positions each of a slot's new rows attends to, in cache order."""
+    if tree is None:
+        return [torch.arange(start + t + 1) for t in range(width)]
+    return TreeRows(start, tree).positions
 
 
 class BatchRunner:
@@ -130,15 +162,20 @@ class BatchRunner:
         self.vocab_size = c.vocab_size
         self.cache = BatchKVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len,
                                   model.dtype, model.device, max_batch)
+        self.last_hidden: list[torch.Tensor] = []  # per slot of the last pass (extend_slot: one)
 
     def length(self, slot: int) -> int:
         return self.cache.lengths[slot]
 
     @torch.inference_mode()
-    def extend(self, ids: list[list[int]], exact: list[bool] | None = None) -> list[torch.Tensor]:
-        """One pass over slots [0, len(ids)); per slot the logits [len(ids[b]), V] of its rows."""
-        logits = batch_forward(self.model, ids, self.cache, exact)
-        return list(logits.split([len(row) for row in ids]))
+    def extend(self, ids: list[list[int]], exact: list[bool] | None = None,
+               trees: list[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
+        """One pass over slots [0, len(ids)) (trees: batch_forward's); per slot the logits
+        [len(ids[b]), V] of its rows; their final hidden states per slot in last_hidden."""
+        logits, hidden = batch_forward(self.model, ids, self.cache, exact, trees)
+        widths = [len(row) for row in ids]
+        self.last_hidden = list(hidden.split(widths))
+        return list(logits.split(widths))
 
     @torch.inference_mode()
     def extend_slot(self, slot: int, ids: list[int], exact: bool = False,
@@ -147,11 +184,17 @@ class BatchRunner:
         NativeRunner.extend does, on that slot's cache. Logits [len(ids), V] (None when not
         want_logits: the LM head skipped)."""
         x = torch.tensor([ids], dtype=torch.long, device=self.model.device)
-        logits = self.model(x, None, self.cache.slot(slot), exact=exact, want_logits=want_logits)
+        logits, hidden = self.model(x, None, self.cache.slot(slot), exact=exact, want_logits=want_logits,
+                                    return_hidden=True)
+        self.last_hidden = [hidden[0]]
         return None if logits is None else logits[0]
 
     def rollback(self, slot: int, length: int) -> None:
         self.cache.rollback(slot, length)
+
+    def keep(self, slot: int, start: int, offsets: list[int]) -> None:
+        """Keep a tree's accepted path: positions start+offsets of the slot, packed from start."""
+        self.cache.keep(slot, start, offsets)
 
     def move(self, src: int, dst: int) -> None:
         self.cache.move(src, dst)

@@ -114,6 +114,16 @@ class BatchKVCache:
             raise ValueError(f"cannot roll slot {slot} back to {length} (it holds {self.lengths[slot]})")
         self.lengths[slot] = length
 
+    def keep(self, slot: int, start: int, offsets: list[int] | torch.Tensor) -> None:
+        """KVCache.keep for one slot: its positions start+offsets, in that order, packed from start."""
+        idx = torch.as_tensor(offsets, dtype=torch.long, device=self.keys[0].device) + start
+        n = idx.numel()
+        if start + n > self.lengths[slot] or (n and int(idx.max()) >= self.lengths[slot]):
+            raise ValueError(f"slot {slot} holds {self.lengths[slot]} positions; cannot keep {idx.tolist()}")
+        for buf in (*self.keys, *self.values):
+            buf[slot, :, start:start + n] = buf[slot, :, idx]
+        self.lengths[slot] = start + n
+
     def move(self, src: int, dst: int) -> None:
         """Copy slot src's entries into slot dst (which is overwritten) and empty src."""
         n = self.lengths[src]

@@ -29,7 +29,7 @@ import threading
 import time
 from collections import deque
 
-from specdec.engine.batch import BATCHED_METHODS
+from specdec.engine.batch_drafting import BATCHED_METHODS
 from specdec.errors import SpecdecError
 from specdec.server.errors import ApiError
 from specdec.server.jobs import Event, Job, JobQueue, QueueFull, RunningJob

@@ -43,6 +43,11 @@ class Proposer(Protocol):
     def reset(self, prompt_ids: list[int]) -> None:
         """Start a new sequence."""
 
+    def fork(self) -> Proposer:
+        """A proposer for another sequence at once (continuous batching): the same weights,
+        its own per-sequence state (caches, features). Drafters without such state, or batched
+        otherwise, may lack it."""
+
     def memory_bytes(self) -> int:
         """Bytes of the drafter's own weights and caches (not counting what it shares with the target)."""
 

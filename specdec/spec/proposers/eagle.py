@@ -115,8 +115,13 @@ class EagleProposer:
         self.vocab_size = embed.num_embeddings
         self.tree = tree or TreeShape()
         self.tree_sizes = node_budgets(self.tree.nodes)
+        self.max_len = max_len
         self.cache = head.new_cache(max_len + self.tree.depth * self.tree.expand + 8)
         self.reset([])
+
+    def fork(self) -> EagleProposer:
+        """A proposer for another sequence: the same head, its own cache and features."""
+        return EagleProposer(self.head, self.embed, self.lm_head, self.max_len, self.tree)
 
     def memory_bytes(self) -> int:
         """The head and its cache (embedding and lm_head are the target's own)."""

@@ -80,6 +80,10 @@ class MedusaProposer:
     def memory_bytes(self) -> int:
         return tensor_bytes(self.heads.parameters()) + packed_bytes(self.heads)  # lm_head is the target's own
 
+    def fork(self) -> MedusaProposer:
+        """A proposer for another sequence: the same heads, its own last hidden state."""
+        return MedusaProposer(self.heads, self.lm_head, self.choices, self.tree_sizes)
+
     def reset(self, prompt_ids: list[int]) -> None:
         self.last_hidden = None
 

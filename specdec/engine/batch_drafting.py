@@ -1,0 +1,177 @@
+"""What each sequence of a batched step drafts (the drafting half of engine/batch.py): the
+drafters a batch offers (prompt lookup per sequence, the draft model's batched slots, a tree
+method's proposer per sequence), how many drafts each sequence may take, the chains' one K
+from measured batched pass costs (spec/batch_controller.py; trees size themselves with their
+sequence's controller), and the proposals, the draft model's sequences together in batched
+passes (spec/proposers/batch_draft.py)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from specdec.engine.sequence import Sequence
+from specdec.engine.single import Engine
+from specdec.errors import SpecdecError
+from specdec.models.batch import BatchRunner
+from specdec.spec.batch_controller import BatchDraftLength
+from specdec.spec.proposers.base import Proposal, Proposer
+from specdec.spec.proposers.batch_draft import BatchDraftModel, DraftRequest
+from specdec.spec.proposers.draft_model import DraftModelProposer
+from specdec.spec.proposers.prompt_lookup import PromptLookupProposer
+
+BATCHED_METHODS = ("none", "ngram", "draft", "medusa", "eagle")
+TREE_METHODS = ("medusa", "eagle")
+
+
+@dataclass
+class BatchEntry:
+    """A sequence in a slot of the batch."""
+    seq: Sequence
+    method: str
+    proposer: Proposer | None  # a per-sequence drafter (ngram, a tree method's fork); None for none and draft
+    prefilled: int = 0  # tokens of prompt_ids[:-1] already in the slot's cache
+
+    @property
+    def needs_hidden(self) -> bool:
+        return self.proposer is not None and self.proposer.needs_hidden
+
+    @property
+    def tree(self) -> bool:
+        return self.method in TREE_METHODS
+
+    @property
+    def ready(self) -> bool:
+        """Prefilled: the slot holds the whole context but its last token."""
+        return self.prefilled >= len(self.seq.prompt_ids) - 1
+
+
+class BatchDrafting:
+    def __init__(self, engine: Engine, max_batch: int, max_rows: int):
+        self.engine = engine
+        self.max_rows = max_rows
+        self.proposers: dict[str, Proposer | None] = {"none": None, "ngram": PromptLookupProposer()}
+        if engine.method == "ngram":
+            self.proposers["ngram"] = engine.proposer
+        self.draft: BatchDraftModel | None = None  # the draft model's slots, for method draft
+        if engine.method == "draft" and isinstance(engine.proposer, DraftModelProposer):  # not a cross-vocab draft
+            self.draft = BatchDraftModel(engine.proposer.runner.model, max_batch,
+                                         min(engine.target.max_len, engine.proposer.runner.max_len))
+            self.proposers["draft"] = None
+        self.forks: list[Proposer] = []  # a tree method's proposers not in use (one per sequence)
+        if engine.method in TREE_METHODS and hasattr(engine.proposer, "fork"):
+            self.proposers[engine.method] = None
+        self.width = BatchDraftLength()  # the batch's K (unless the engine fixes K)
+
+    @property
+    def method(self) -> str:
+        """The decoder's method if the batch offers it, else plain decoding."""
+        return self.engine.method if self.engine.method in self.proposers else "none"
+
+    def check_method(self, method: str) -> None:
+        if method not in self.proposers:
+            raise SpecdecError(f"method {method!r} is not batched here; this batch offers "
+                               f"{', '.join(self.proposers)} (draft when the decoder's method is draft)")
+
+    def proposer_for(self, method: str) -> Proposer | None:
+        """A new sequence's own drafter: the shared prompt lookup, a free fork of a tree
+        method's proposer, or None (plain decoding; the draft model's batched slots)."""
+        if method in TREE_METHODS:
+            return self.forks.pop() if self.forks else self.engine.proposer.fork()
+        return self.proposers[method]
+
+    def release(self, entry: BatchEntry) -> None:
+        """A sequence left the batch: its fork serves the next one."""
+        if entry.tree:
+            self.forks.append(entry.proposer)
+
+    def plan(self, entries: list[BatchEntry], ready: list[int], runner: BatchRunner
+             ) -> tuple[list[int], list[Proposal], list[float], float]:
+        """The step's budget (drafts; a tree: nodes) and proposal for each ready slot, the
+        seconds each waited for it, and the draft model's batched seconds."""
+        limits = self.limits(entries, ready, runner)
+        early = self.propose_each(entries, ready, limits)  # cheap drafters first: K then knows their matches
+        limits = [len(early[slot][0].tokens) if slot in early else lim for slot, lim in zip(ready, limits)]
+        k = self.choose_k(entries, ready, limits)
+        budgets = [entries[slot].seq.controller.choose(lim) if entries[slot].tree and lim else min(k, lim)
+                   for slot, lim in zip(ready, limits)]
+        return (budgets, *self.propose(entries, ready, budgets, early))
+
+    def limits(self, entries: list[BatchEntry], ready: list[int], runner: BatchRunner) -> list[int]:
+        """The most drafts (a tree: nodes) each sequence may take this step: its method's and
+        its tokens' limits, and max_rows // n - 1 so that the padded pass holds at most max_rows
+        rows. A tree method's sequence drafts once the target has given it features."""
+        cap = self.max_rows // len(ready) - 1
+        max_k = self.engine.fixed_draft_tokens or self.engine.max_draft_tokens
+        limits = []
+        for slot in ready:
+            entry = entries[slot]
+            seq = entry.seq
+            room = runner.max_len - len(seq.context)
+            if entry.method == "none" or (entry.tree and runner.length(slot) == 0):
+                limits.append(0)
+            elif entry.tree:
+                limits.append(max(0, min(room - 1, cap)))
+            else:
+                limits.append(max(0, min(max_k, seq.remaining - 1, room - 1, cap)))
+        return limits
+
+    def choose_k(self, entries: list[BatchEntry], ready: list[int], limits: list[int]) -> int:
+        """The chains' K: a fixed K (draft_tokens), else the batch's K from measured costs
+        (batch_controller.py). Trees size themselves (their sequence's controller)."""
+        if self.engine.fixed_draft_tokens is not None:
+            return self.engine.fixed_draft_tokens
+        chains = [(slot, lim) for slot, lim in zip(ready, limits) if not entries[slot].tree]
+        if not chains:
+            return 0
+        expected = [entries[slot].seq.controller.expected_tokens for slot, _ in chains]
+        drafting = sum(1 for slot, lim in chains if lim and entries[slot].method == "draft")
+        return self.width.choose([lim for _, lim in chains], expected, self.max_rows // len(ready) - 1, drafting)
+
+    def propose_each(self, entries: list[BatchEntry], ready: list[int], limits: list[int]
+                     ) -> dict[int, tuple[Proposal, float]]:
+        """Per-sequence drafters (prompt lookup) at each sequence's limit, with their seconds."""
+        out = {}
+        for slot, limit in zip(ready, limits):
+            entry, t0 = entries[slot], time.perf_counter()
+            if entry.proposer is not None and limit > 0:
+                seq = entry.seq
+                proposal = entry.proposer.propose(seq.context, limit, seq.params, seq.generator,
+                                                  history=seq.history, noise=seq.noise)
+                out[slot] = (proposal, time.perf_counter() - t0)
+        return out
+
+    def propose(self, entries: list[BatchEntry], ready: list[int], budgets: list[int],
+                early: dict[int, tuple[Proposal, float]]
+                 ) -> tuple[list[Proposal], list[float], float]:
+        """Each sequence's drafts and the seconds it waited for them: the early proposals cut
+        to the budget (a shorter lookup gives their prefix), the draft model's sequences
+        together in batched passes (whose seconds come third)."""
+        proposals: dict[int, Proposal] = {}
+        seconds: dict[int, float] = {}
+        requests = []
+        for slot, budget in zip(ready, budgets):
+            seq = entries[slot].seq
+            if budget > 0 and entries[slot].method == "draft":
+                requests.append(DraftRequest(slot, seq.context, budget, seq.params, seq.generator,
+                                             seq.history, seq.noise))
+            elif budget > 0 and entries[slot].tree:
+                t0 = time.perf_counter()
+                proposals[slot] = entries[slot].proposer.propose(seq.context, budget, seq.params, seq.generator,
+                                                                      history=seq.history, noise=seq.noise)
+                seconds[slot] = time.perf_counter() - t0
+            elif budget > 0:
+                proposal, seconds[slot] = early[slot]
+                probs = proposal.draft_probs
+                proposals[slot] = Proposal(proposal.tokens[:budget], None if probs is None else probs[:budget],
+                                           sync_seconds=proposal.sync_seconds)
+            else:
+                proposals[slot], seconds[slot] = Proposal([]), early[slot][1] if slot in early else 0.0
+        elapsed = 0.0
+        if requests:
+            t0 = time.perf_counter()
+            drafted = self.draft.propose(requests)
+            elapsed = time.perf_counter() - t0
+            for r in requests:
+                proposals[r.slot] = drafted.get(r.slot, Proposal([]))
+                seconds[r.slot] = elapsed
+        return [proposals[slot] for slot in ready], [seconds[slot] for slot in ready], elapsed

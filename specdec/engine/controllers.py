@@ -1,0 +1,54 @@
+"""The controllers of an engine: one per sampling setting (acceptance depends on temperature,
+filters and penalties), kept across generations so measured costs carry over, each starting
+from what earlier processes learned with the same setup on this machine (ControllerMemory)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from specdec.sampling import SamplingParams
+from specdec.spec.controller import Controller
+from specdec.spec.controller_memory import ControllerMemory, machine_key
+
+MAX_SETTINGS = 64  # controllers kept; the oldest setting goes first
+
+
+def sampling_key(params: SamplingParams) -> tuple:
+    """The settings acceptance depends on: one controller (and memory entry) per value."""
+    return (params.temperature, params.top_k, params.top_p, params.min_p, params.presence_penalty,
+            params.frequency_penalty, params.repetition_penalty, params.logit_bias, params.grammar is not None,
+            params.drafter_invariant)
+
+
+class ControllerBank:
+    def __init__(self, new: Callable[[], Controller], memory: ControllerMemory | None, setup: str):
+        self.new = new  # a fresh controller (the engine's, from its drafter and calibrated costs)
+        self.memory = memory
+        self.setup = setup  # target, drafter, dtype, kernels: part of the memory key
+        self._by_key: dict[tuple, Controller] = {}
+
+    def get(self, params: SamplingParams) -> Controller:
+        key = sampling_key(params)
+        if key not in self._by_key:
+            if len(self._by_key) >= MAX_SETTINGS:
+                self._by_key.pop(next(iter(self._by_key)))
+            controller = self._by_key[key] = self.new()
+            state = self.memory.recall(self._memory_key(key)) if self.memory is not None else None
+            if state is not None:
+                try:
+                    controller.recall(state)
+                except (KeyError, TypeError, ValueError, AttributeError):
+                    pass  # a damaged or older entry: start fresh, as without memory
+        return self._by_key[key]
+
+    def remember(self, params: SamplingParams, controller: Controller) -> None:
+        """Leave controller's state in memory if it is this bank's controller for params (a
+        batch's sequences have their own)."""
+        key = sampling_key(params)
+        if self.memory is not None and self._by_key.get(key) is controller:
+            self.memory.remember(self._memory_key(key), controller.memory())
+
+    def clear(self) -> None:
+        self._by_key.clear()
+
+    def _memory_key(self, key: tuple) -> str:
+        return f"{machine_key()}|{self.setup}|{key!r}"

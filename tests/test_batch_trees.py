@@ -1,0 +1,152 @@
+"""Tree methods (Medusa, EAGLE) in continuous batching (engine/batch.py, models/batch.py): a
+tree's rows share the batched pass with other sequences' chains and trees, each row at its
+depth's position and seeing its own slot's cache and ancestors only. Greedy and seeded outputs
+equal plain decoding alone (float64; bfloat16 in exact mode), sampled trees keep the target's
+exact distribution (chi-square), and a batched tree pass gives each slot the logits of its
+own single-sequence tree pass."""
+import pytest
+import torch
+
+import specdec
+import specdec.engine.verdicts
+from specdec.engine.batch import BatchEngine
+from specdec.models.batch import BatchRunner
+from specdec.sampling import SamplingParams
+from specdec.spec.verify import tree_attention_mask, tree_depths
+
+from distribution import N_QUICK, NEW, PROMPT, chi_square_p, exact_joint, tiny_model_dir
+from helpers import make_eagle_dir, make_medusa_dir, make_model_dir
+
+PROMPTS = ["def add(a, b):\n    return a + b\n" * 3 + "def add", "class Point:\n", "x", "héllo wörld",
+           "for i in range(10):\n    print(i * i)\n" * 2, "import os\nimport sys\n"]
+MAX_TOKENS = [30, 9, 24, 17, 30, 12]
+TREE_METHODS = ("medusa", "eagle")
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    target = make_model_dir(tmp_path_factory.mktemp("bt"), layers=2, kv_heads=1, max_pos=256)
+    return target, {"medusa": make_medusa_dir(tmp_path_factory.mktemp("btm"), target),
+                    "eagle": make_eagle_dir(tmp_path_factory.mktemp("bte"), target)}
+
+
+def mixed(method: str, **sampling) -> list[tuple[str, dict]]:
+    """Each prompt under the tree method, plain decoding and prompt lookup, in one batch."""
+    return [(p, dict(sampling, max_new_tokens=m, method=which))
+            for p, m in zip(PROMPTS, MAX_TOKENS) for which in (method, "none", "ngram")]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+@pytest.mark.parametrize("method", TREE_METHODS)
+def test_greedy_trees_in_a_batch_equal_plain_decoding(dirs, method, dtype):
+    """bfloat16 runs in exact mode: each tree row gets a 1-token pass's bits in the batch too.
+    Three slots for 18 requests: sequences join and leave while trees are verified."""
+    target, heads = dirs
+    spec = specdec.load(target=target, draft=heads[method], method=method, dtype=dtype, draft_tokens=8,
+                        calibrate=False)
+    plain = specdec.load(target=target, dtype=dtype, calibrate=False)
+    requests = mixed(method)
+    got = spec.generate_batch([p for p, _ in requests], [s for _, s in requests], max_batch=3)
+    for g, (p, s) in zip(got, requests):
+        assert g.token_ids == plain.generate(p, max_new_tokens=s["max_new_tokens"]).token_ids, (p, s)
+    trees = [g for g, (_, s) in zip(got, requests) if s["method"] == method]
+    assert sum(g.stats.drafted_tokens for g in trees) > 0  # trees were verified
+    # every tree step but the first of a one-token prompt (no features yet) verified a tree
+    assert sum(g.stats.num_drafts for g in trees) == sum(g.stats.target_forwards for g in trees) - 1
+
+
+@pytest.mark.parametrize("method", TREE_METHODS)
+def test_seeded_trees_in_a_batch_equal_plain_seeded_sampling(dirs, method):
+    target, heads = dirs
+    spec = specdec.load(target=target, draft=heads[method], method=method, draft_tokens=8, calibrate=False)
+    plain = specdec.load(target=target, calibrate=False)
+    requests = [(p, dict(s, seed=7 + i)) for i, (p, s) in enumerate(mixed(method, temperature=0.8))]
+    got = spec.generate_batch([p for p, _ in requests], [s for _, s in requests], max_batch=4)
+    for g, (p, s) in zip(got, requests):
+        s = {k: v for k, v in s.items() if k != "method"}
+        assert g.token_ids == plain.generate(p, **s).token_ids
+    assert sum(g.stats.drafted_tokens for g, (_, s) in zip(got, requests) if s["method"] == method) > 0
+
+
+def test_a_batched_tree_pass_gives_each_slot_its_single_pass_logits(dirs):
+    """Three slots: a tree, a chain and another tree of other sizes, one pass; each slot's
+    logits and final hidden states equal its own single-sequence pass (tree mask, depth
+    positions); keeping a tree's path leaves the slot as the single runner's keep does."""
+    target, _ = dirs
+    decoder = specdec.load(target=target, dtype="float64", calibrate=False)
+    single, model = decoder.engine.target, decoder.engine.target.model
+    batch = BatchRunner(model, 3, 64)
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [3, 4, 5, 6, 7, 8, 9]]
+    parents = [[-1, -1, 0, 1, 2], None, [-1, 0, 0]]
+    for slot, p in enumerate(prompts):
+        batch.extend_slot(slot, p[:-1])
+    rows = [[p[-1]] + [20, 21, 22, 23, 24][:len(par) if par else 2] for p, par in zip(prompts, parents)]
+    trees = [None if par is None else tree_attention_mask(par).to(torch.bool) for par in parents]
+    got = batch.extend(rows, trees=trees)
+    for slot, (p, par) in enumerate(zip(prompts, parents)):
+        single.reset()
+        single.extend(p[:-1])
+        start = single.length
+        kwargs = {} if par is None else dict(attn_mask=tree_attention_mask(par),
+                                             positions=start + torch.tensor([0] + tree_depths(par)))
+        want = single.extend(rows[slot], want_hidden=True, **kwargs)
+        torch.testing.assert_close(got[slot], want, rtol=0, atol=1e-12)
+        torch.testing.assert_close(batch.last_hidden[slot], single.last_hidden, rtol=0, atol=1e-12)
+    batch.keep(0, len(prompts[0]) - 1, [0, 2, 4])  # the path root -> node 1 -> node 3
+    assert batch.length(0) == len(prompts[0]) + 2
+    after = batch.extend([[40], [41], [42]])
+    single.reset()
+    single.extend(prompts[0][:-1] + [rows[0][0], rows[0][2], rows[0][4]])
+    torch.testing.assert_close(after[0], single.extend([40]), rtol=0, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    target = tiny_model_dir(tmp_path_factory.mktemp("btt"), seed=1, scale=0.5)  # broad distributions
+    return target, {"medusa": make_medusa_dir(tmp_path_factory.mktemp("bttm"), target),
+                    "eagle": make_eagle_dir(tmp_path_factory.mktemp("btte"), target)}
+
+
+FIXED_NODES = {"medusa": 12, "eagle": 8}  # every step verifies a full tree
+
+
+def batched_tree_p_values(tiny_dirs, method: str, n: int = N_QUICK) -> list[float]:
+    """n sequences at each of two temperatures share batches of 16 (rejection sampling over
+    full trees): p-values of the first NEW tokens of each setting against the target's exact
+    joint."""
+    target, heads = tiny_dirs
+    decoder = specdec.load(target=target, draft=heads[method], method=method, draft_tokens=FIXED_NODES[method],
+                           calibrate=False)
+    settings = [dict(temperature=0.7, top_k=5), dict(temperature=1.0)]
+    requests = [(PROMPT, SamplingParams(max_new_tokens=NEW, seed=10 ** 6 + seed, seed_mode="rejection",
+                                        ignore_eos=True, **settings[seed % 2]), method) for seed in range(2 * n)]
+    results = BatchEngine(decoder.engine, max_batch=16, max_rows=16 * (FIXED_NODES[method] + 1)).generate(requests)
+    drafted = sum(r.stats.drafted_tokens for r in results)
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    assert 0 < accepted < drafted
+    p_values = []
+    for which, kw in enumerate(settings):
+        counts: dict = {}
+        for result in results[which::2]:
+            counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1
+        p_values.append(chi_square_p(counts, exact_joint(target, SamplingParams(**kw))))
+    return p_values
+
+
+@pytest.mark.parametrize("method", TREE_METHODS)
+def test_batched_tree_sampling_keeps_the_target_distribution(tiny_dirs, method):
+    """EAGLE's head runs a pass per sequence and tree level (~4x Medusa's time a sample): half
+    the samples keep the default tier fast; the p-value stays valid, the power is Medusa's check."""
+    assert min(batched_tree_p_values(tiny_dirs, method, N_QUICK if method == "medusa" else N_QUICK // 2)) > 1e-3
+
+
+def test_a_wrong_tree_verifier_fails_the_batched_test(tiny_dirs, monkeypatch):
+    """Power: tree rejection sampling that ignores the draft's distribution fails the check."""
+    original = specdec.engine.verdicts.verify_tree_sampling
+
+    def wrong_q(drafts, parents, target_probs, rng, draft_probs, draws):
+        return original(drafts, parents, target_probs, rng, torch.full_like(draft_probs, 1 / draft_probs.shape[-1]),
+                        draws)
+
+    monkeypatch.setattr(specdec.engine.verdicts, "verify_tree_sampling", wrong_q)
+    assert min(batched_tree_p_values(tiny_dirs, "medusa")) < 1e-3
