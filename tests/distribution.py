@@ -101,6 +101,18 @@ def p_value(decoder, target_dir: Path, params_kw: dict, n: int, seed_mode: str =
                         exact_joint(target_dir, SamplingParams(**params_kw)))
 
 
+def interleaved_p_values(results: list, settings: list[dict], target_dir: Path) -> list[float]:
+    """results[i] sampled with settings[i % len(settings)]: per setting, the p-value of its
+    results' token sequences against the target's exact joint distribution at that setting."""
+    p_values = []
+    for which, kw in enumerate(settings):
+        counts: dict = {}
+        for result in results[which::len(settings)]:
+            counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1
+        p_values.append(chi_square_p(counts, exact_joint(target_dir, SamplingParams(**kw))))
+    return p_values
+
+
 class PenalizedLM:
     """A model given as next-token distributions by prefix (enumerate.RandomLM), taken as
     logits (log p) and passed through the penalties one prefix at a time by the reference:

@@ -15,7 +15,7 @@ from specdec.sampling import SamplingParams
 from specdec.spec.batch_controller import BatchDraftLength, CostTable
 from specdec.spec.verify import ChainVerdict
 
-from distribution import N_QUICK, NEW, PROMPT, chi_square_p, exact_joint, tiny_model_dir
+from distribution import N_QUICK, NEW, PROMPT, interleaved_p_values, tiny_model_dir
 from helpers import make_model_dir
 
 REPEAT = "def add(a, b):\n    return a + b\n"
@@ -205,13 +205,7 @@ def batched_p_values(tiny_dirs, method: str) -> list[float]:
     drafted = sum(r.stats.drafted_tokens for r in results)
     accepted = sum(r.stats.accepted_tokens for r in results)
     assert (0 < accepted < drafted) if method != "none" else drafted == 0
-    p_values = []
-    for which, kw in enumerate(settings):
-        counts: dict = {}
-        for result in results[which::2]:
-            counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1
-        p_values.append(chi_square_p(counts, exact_joint(target, SamplingParams(**kw))))
-    return p_values
+    return interleaved_p_values(results, settings, target)
 
 
 @pytest.mark.parametrize("method", ["draft", "ngram", "none"])

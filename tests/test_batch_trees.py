@@ -14,7 +14,7 @@ from specdec.models.batch import BatchRunner
 from specdec.sampling import SamplingParams
 from specdec.spec.verify import tree_attention_mask, tree_depths
 
-from distribution import N_QUICK, NEW, PROMPT, chi_square_p, exact_joint, tiny_model_dir
+from distribution import N_QUICK, NEW, PROMPT, interleaved_p_values, tiny_model_dir
 from helpers import make_eagle_dir, make_medusa_dir, make_model_dir
 
 PROMPTS = ["def add(a, b):\n    return a + b\n" * 3 + "def add", "class Point:\n", "x", "héllo wörld",
@@ -124,13 +124,7 @@ def batched_tree_p_values(tiny_dirs, method: str, n: int = N_QUICK) -> list[floa
     drafted = sum(r.stats.drafted_tokens for r in results)
     accepted = sum(r.stats.accepted_tokens for r in results)
     assert 0 < accepted < drafted
-    p_values = []
-    for which, kw in enumerate(settings):
-        counts: dict = {}
-        for result in results[which::2]:
-            counts[tuple(result.token_ids)] = counts.get(tuple(result.token_ids), 0) + 1
-        p_values.append(chi_square_p(counts, exact_joint(target, SamplingParams(**kw))))
-    return p_values
+    return interleaved_p_values(results, settings, target)
 
 
 @pytest.mark.parametrize("method", TREE_METHODS)
