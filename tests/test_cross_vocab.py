@@ -340,16 +340,28 @@ def test_greedy_output_is_plain_decoding_bpe_pair(near_bpe_pair, mode):
     assert 0 < accepted < drafted
 
 
-def test_a_batch_decodes_plainly_and_refuses_cross_vocab_drafts(char_pair):
-    """Cross-vocabulary drafts are not batched yet: the batch's default is plain decoding,
-    and asking for draft says what the batch offers."""
-    target, draft = char_pair
-    decoder = specdec.load(target=target, draft=draft, method="draft", dtype="float64", calibrate=False)
-    want = decoder.generate("abc", temperature=0, max_new_tokens=8, ignore_eos=True).token_ids
-    [got] = decoder.generate_batch(["abc"], max_batch=2, temperature=0, max_new_tokens=8, ignore_eos=True)
-    assert got.token_ids == want and got.stats.method == "none"
-    with pytest.raises(SpecdecError, match="not batched here"):
-        decoder.generate_batch(["abc"], [{"method": "draft"}], max_batch=2)
+@pytest.mark.parametrize("mode", ["auto", "tli"])
+def test_cross_vocab_drafts_in_a_batch_equal_plain_decoding(near_bpe_pair, mode):
+    """A draft with another tokenizer in continuous batching: each sequence drafts with its
+    own fork (its own cache and tokenizations); greedy and seeded requests, mixed with plain
+    and prompt-lookup ones in 3 slots, give plain decoding's tokens."""
+    target, draft = near_bpe_pair
+    spec = specdec.load(target=target, draft=draft, method="draft", dtype="float64", draft_tokens=3,
+                        cross_vocab=mode, calibrate=False)
+    plain = specdec.load(target=target, dtype="float64", calibrate=False)
+    prompts, samplings = [], []
+    for i, prompt in enumerate(TEXT_PROMPTS * 2):
+        sampling = dict(max_new_tokens=10 + 3 * i, ignore_eos=True)
+        if i % 2:
+            sampling.update(temperature=0.8, seed=40 + i)
+        prompts.append(prompt)
+        samplings.append(dict(sampling, method=("draft", "none", "ngram")[i % 3] if i < 6 else "draft"))
+    got = spec.generate_batch(prompts, samplings, max_batch=3)
+    for g, prompt, s in zip(got, prompts, samplings):
+        want = plain.generate(prompt, **{k: v for k, v in s.items() if k != "method"}).token_ids
+        assert g.token_ids == want, (prompt, s)
+    drafted = [g for g, s in zip(got, samplings) if s["method"] == "draft"]
+    assert 0 < sum(g.stats.accepted_tokens for g in drafted) < sum(g.stats.drafted_tokens for g in drafted)
 
 
 @pytest.mark.parametrize("temperature", ["0", "1.0"])

@@ -136,15 +136,15 @@ class BatchEngine:
         self.drafting.check_method(method)
         if not self.free_slots:
             raise SpecdecError(f"the batch is full ({self.max_batch} sequences)")
-        proposer = self.drafting.proposer_for(method)
         seq = self.engine.new_sequence(prompt, params, controller=self.engine.new_controller(method in TREE_METHODS),
                                        method=method)
-        if proposer is not None:
-            proposer.reset(seq.prompt_ids)
+        entry = self.drafting.entry(seq, method)
+        if entry.proposer is not None:
+            entry.proposer.reset(seq.prompt_ids)
         self.runner.rollback(len(self.entries), 0)
         if self.draft is not None:
             self.draft.reset(len(self.entries))
-        self.entries.append(BatchEntry(seq, method, proposer))
+        self.entries.append(entry)
         return seq
 
     def cancel(self, seq: Sequence) -> None:
@@ -220,7 +220,7 @@ class BatchEngine:
             seq, t0 = entry.seq, time.perf_counter()
             ids = seq.prompt_ids[entry.prefilled:min(entry.prefilled + self.prefill_chunk, len(seq.prompt_ids) - 1)]
             logits = self.runner.extend_slot(slot, ids, want_logits=seq.params.prompt_logprobs is not None)
-            if entry.method == "draft":
+            if entry.method == "draft" and self.draft is not None:
                 self.draft.prefill(slot, ids)
             if entry.needs_hidden:
                 entry.proposer.observe_target(self.runner.last_hidden[0], prefill=True)
@@ -247,7 +247,8 @@ class BatchEngine:
         t0 = time.perf_counter()
         logits = self.runner.extend(rows, exact, trees)
         target_seconds = time.perf_counter() - t0
-        drafting = [b for slot, b in zip(ready, budgets) if b and self.entries[slot].method == "draft"]
+        drafting = [b for slot, b in zip(ready, budgets)
+                    if b and self.draft is not None and self.entries[slot].method == "draft"]
         self.drafting.width.observe(sum(len(r) for r in rows), target_seconds, len(drafting),
                                     max(drafting, default=0), model_seconds)
         events = []

@@ -1,9 +1,9 @@
 """What each sequence of a batched step drafts (the drafting half of engine/batch.py): the
-drafters a batch offers (prompt lookup per sequence, the draft model's batched slots, a tree
-method's proposer per sequence), how many drafts each sequence may take, the chains' one K
-from measured batched pass costs (spec/batch_controller.py; trees size themselves with their
-sequence's controller), and the proposals, the draft model's sequences together in batched
-passes (spec/proposers/batch_draft.py)."""
+drafters a batch offers (prompt lookup per sequence, the draft model's batched slots; a tree
+method's head or a draft with another tokenizer forked per sequence), how many drafts each
+sequence may take, the chains' one K from measured batched pass costs (spec/batch_controller.py;
+trees size themselves with their sequence's controller), and the proposals, the draft model's
+sequences together in batched passes (spec/proposers/batch_draft.py)."""
 from __future__ import annotations
 
 import time
@@ -28,7 +28,8 @@ class BatchEntry:
     """A sequence in a slot of the batch."""
     seq: Sequence
     method: str
-    proposer: Proposer | None  # a per-sequence drafter (ngram, a tree method's fork); None for none and draft
+    proposer: Proposer | None  # ngram's (shared), a fork of the decoder's own; None: none, the batched draft model
+    forked: bool = False  # proposer is this sequence's own (a tree method, a draft with another tokenizer)
     prefilled: int = 0  # tokens of prompt_ids[:-1] already in the slot's cache
 
     @property
@@ -57,9 +58,13 @@ class BatchDrafting:
             self.draft = BatchDraftModel(engine.proposer.runner.model, max_batch,
                                          min(engine.target.max_len, engine.proposer.runner.max_len))
             self.proposers["draft"] = None
-        self.forks: list[Proposer] = []  # a tree method's proposers not in use (one per sequence)
-        if engine.method in TREE_METHODS and hasattr(engine.proposer, "fork"):
+        # a drafter with per-sequence state and no batched form yet (a tree method's head, a
+        # draft with another tokenizer): forked per sequence; forks not in use wait here
+        self.forked_method: str | None = None
+        self.forks: list[Proposer] = []
+        if engine.method not in self.proposers and hasattr(engine.proposer, "fork"):
             self.proposers[engine.method] = None
+            self.forked_method = engine.method
         self.width = BatchDraftLength()  # the batch's K (unless the engine fixes K)
 
     @property
@@ -72,16 +77,16 @@ class BatchDrafting:
             raise SpecdecError(f"method {method!r} is not batched here; this batch offers "
                                f"{', '.join(self.proposers)} (draft when the decoder's method is draft)")
 
-    def proposer_for(self, method: str) -> Proposer | None:
-        """A new sequence's own drafter: the shared prompt lookup, a free fork of a tree
-        method's proposer, or None (plain decoding; the draft model's batched slots)."""
-        if method in TREE_METHODS:
-            return self.forks.pop() if self.forks else self.engine.proposer.fork()
-        return self.proposers[method]
+    def entry(self, seq: Sequence, method: str) -> BatchEntry:
+        """A new sequence's entry with its drafter: the shared prompt lookup, a free fork of
+        the decoder's own drafter, or None (plain decoding; the draft model's batched slots)."""
+        if method == self.forked_method:
+            return BatchEntry(seq, method, self.forks.pop() if self.forks else self.engine.proposer.fork(), True)
+        return BatchEntry(seq, method, self.proposers[method])
 
     def release(self, entry: BatchEntry) -> None:
         """A sequence left the batch: its fork serves the next one."""
-        if entry.tree:
+        if entry.forked:
             self.forks.append(entry.proposer)
 
     def plan(self, entries: list[BatchEntry], ready: list[int], runner: BatchRunner
@@ -124,7 +129,7 @@ class BatchDrafting:
         if not chains:
             return 0
         expected = [entries[slot].seq.controller.expected_tokens for slot, _ in chains]
-        drafting = sum(1 for slot, lim in chains if lim and entries[slot].method == "draft")
+        drafting = sum(1 for slot, lim in chains if lim and self.draft is not None and entries[slot].method == "draft")
         return self.width.choose([lim for _, lim in chains], expected, self.max_rows // len(ready) - 1, drafting)
 
     def propose_each(self, entries: list[BatchEntry], ready: list[int], limits: list[int]
@@ -151,14 +156,14 @@ class BatchDrafting:
         requests = []
         for slot, budget in zip(ready, budgets):
             seq = entries[slot].seq
-            if budget > 0 and entries[slot].method == "draft":
-                requests.append(DraftRequest(slot, seq.context, budget, seq.params, seq.generator,
-                                             seq.history, seq.noise))
-            elif budget > 0 and entries[slot].tree:
+            if budget > 0 and entries[slot].forked:  # its own drafter, alone (not batched yet)
                 t0 = time.perf_counter()
                 proposals[slot] = entries[slot].proposer.propose(seq.context, budget, seq.params, seq.generator,
                                                                       history=seq.history, noise=seq.noise)
                 seconds[slot] = time.perf_counter() - t0
+            elif budget > 0 and entries[slot].method == "draft":
+                requests.append(DraftRequest(slot, seq.context, budget, seq.params, seq.generator,
+                                             seq.history, seq.noise))
             elif budget > 0:
                 proposal, seconds[slot] = early[slot]
                 probs = proposal.draft_probs

@@ -3,6 +3,7 @@ native runner supports tree masks and hidden states; the transformers runner (hf
 supports chain decoding for any causal LM."""
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -88,6 +89,12 @@ class NativeRunner:
 
     def reset(self) -> None:
         self.cache.rollback(0)
+
+    def fork(self) -> NativeRunner:
+        """A runner for another sequence: the same model (weights, packed kernels), its own KV cache."""
+        other = copy.copy(self)
+        other.cache, other.last_hidden = self.model.new_cache(self.max_len), None
+        return other
 
     @torch.inference_mode()
     def extend(self, ids: list[int], attn_mask: torch.Tensor | None = None,

@@ -51,9 +51,8 @@ class EngineWorker:
                 raise SpecdecError(f"--max-batch > 1 batches the methods {', '.join(BATCHED_METHODS)}; "
                                    f"this server's method is {decoder.method!r}")
             self.batch = decoder.batch_engine(max_batch)
-            if self.batch.method != decoder.method:  # a draft model with another tokenizer
-                raise SpecdecError("--max-batch > 1 cannot batch a draft model with another tokenizer than the "
-                                   "target's (cross-vocabulary drafts are not batched yet)")
+            if self.batch.method != decoder.method:  # a drafter that cannot be forked per sequence
+                raise SpecdecError(f"--max-batch > 1 cannot batch this server's {decoder.method!r} drafter")
         self._jobs: list[RunningJob] = []  # batched mode: jobs in the batch, in arrival order
         self.queue = JobQueue(maxsize=max_queue)  # Job | None (None wakes the worker to stop)
         self._thread: threading.Thread | None = None

@@ -112,6 +112,12 @@ class CrossVocabProposer:
     def memory_bytes(self) -> int:
         return self.runner.memory_bytes()
 
+    def fork(self) -> CrossVocabProposer:
+        """A proposer for another sequence: the same draft model and vocabulary map, its own
+        cache and tokenization state (the runner must fork: the native runtime's does)."""
+        return CrossVocabProposer(self.runner.fork(), self.draft_tok, self.target_tok, self.vmap, self.draft_pieces,
+                                  self.target_pieces, self.mode)
+
     def kind(self, params: SamplingParams) -> str:
         """String-level at T=0 (unless mode is 'tli'); TLI whenever sampling."""
         return "string" if params.greedy and self.mode != "tli" else "tli"
