@@ -144,3 +144,33 @@ def test_a_wrong_tree_verifier_fails_the_batched_test(tiny_dirs, monkeypatch):
 
     monkeypatch.setattr(specdec.engine.verdicts, "verify_tree_sampling", wrong_q)
     assert min(batched_tree_p_values(tiny_dirs, "medusa")) < 1e-3
+
+
+def test_a_forked_drafter_proposes_once_a_step(dirs, monkeypatch):
+    """Each sequence's own drafter runs once per step, at the budget its controller chose
+    (not also as an early cheap drafter, which doubled EAGLE's drafting time)."""
+    from specdec.spec.proposers.eagle import EagleProposer
+
+    target, heads = dirs
+    calls = []
+    original = EagleProposer.propose
+    monkeypatch.setattr(EagleProposer, "propose", lambda self, *a, **kw: calls.append(a[1]) or original(self, *a, **kw))
+    spec = specdec.load(target=target, draft=heads["eagle"], method="eagle", draft_tokens=8, calibrate=False)
+    got = spec.generate_batch(PROMPTS[:3], [dict(max_new_tokens=20, method="eagle")] * 3, max_batch=3)
+    assert len(calls) == sum(g.stats.num_drafts for g in got) > 0
+    assert set(calls) == {8}  # the fixed tree size
+
+
+def test_batched_sequences_learn_from_each_other_through_the_engine(dirs):
+    """A finished sequence hands what its controller learned (tree sizes' tokens and seconds)
+    to the engine's controller for its settings, and the next sequence starts from it."""
+    target, heads = dirs
+    spec = specdec.load(target=target, draft=heads["eagle"], method="eagle", calibrate=False)
+    shared = spec.engine.controller_for(SamplingParams())
+    assert sum(shared.memory()["samples"].values()) == 0
+    spec.generate_batch(PROMPTS[:2], [dict(max_new_tokens=24, method="eagle")] * 2, max_batch=2)
+    learned = sum(shared.memory()["samples"].values())
+    assert learned > 0
+    batch = spec.batch_engine(2)
+    seq = batch.add(PROMPTS[2], SamplingParams(max_new_tokens=8), "eagle")
+    assert sum(seq.controller.memory()["samples"].values()) > 0  # started from the learned state

@@ -44,6 +44,7 @@ from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
 from specdec.sampling import SamplingParams
 from specdec.sampling.logprobs import last_entries, token_logprobs
+from specdec.spec.controller import Controller
 from specdec.spec.verify import tree_attention_mask
 from specdec.stats import StepRecord
 
@@ -136,8 +137,7 @@ class BatchEngine:
         self.drafting.check_method(method)
         if not self.free_slots:
             raise SpecdecError(f"the batch is full ({self.max_batch} sequences)")
-        seq = self.engine.new_sequence(prompt, params, controller=self.engine.new_controller(method in TREE_METHODS),
-                                       method=method)
+        seq = self.engine.new_sequence(prompt, params, controller=self._new_controller(method, params), method=method)
         entry = self.drafting.entry(seq, method)
         if entry.proposer is not None:
             entry.proposer.reset(seq.prompt_ids)
@@ -154,8 +154,27 @@ class BatchEngine:
                 self._release(slot)
                 return
 
+    def _new_controller(self, method: str, params: SamplingParams) -> Controller:
+        """A sequence's own controller (its acceptance; the batch's K reads each one's). With
+        the decoder's own drafter it starts from what the engine's controller for these
+        settings learned (finish hands each sequence's learning back), so a short request does
+        not explore draft lengths or tree sizes from scratch."""
+        controller = self.engine.new_controller(method in TREE_METHODS)
+        if method == self.engine.method and method != "none":
+            try:
+                controller.recall(self.engine.controller_for(params).memory())
+            except (KeyError, TypeError, ValueError, AttributeError):
+                pass  # nothing learned yet: start fresh
+        return controller
+
     def finish(self, seq: Sequence) -> tuple[GenerationResult, str]:
         """The result of a finished sequence, and its text held back until now."""
+        if seq.stats.method == self.engine.method and seq.stats.method != "none":
+            shared = self.engine.controller_for(seq.params)
+            try:
+                shared.recall(seq.controller.memory())
+            except (KeyError, TypeError, ValueError, AttributeError):
+                pass
         return self.engine.finish(seq)
 
     def stream_chunks(self, event: BatchEvent) -> list[StreamChunk]:

@@ -134,11 +134,12 @@ class BatchDrafting:
 
     def propose_each(self, entries: list[BatchEntry], ready: list[int], limits: list[int]
                      ) -> dict[int, tuple[Proposal, float]]:
-        """Per-sequence drafters (prompt lookup) at each sequence's limit, with their seconds."""
+        """The shared cheap drafter (prompt lookup) at each sequence's limit, with its seconds (a
+        forked drafter proposes once, at its budget, in propose)."""
         out = {}
         for slot, limit in zip(ready, limits):
             entry, t0 = entries[slot], time.perf_counter()
-            if entry.proposer is not None and limit > 0:
+            if entry.proposer is not None and not entry.forked and limit > 0:
                 seq = entry.seq
                 proposal = entry.proposer.propose(seq.context, limit, seq.params, seq.generator,
                                                   history=seq.history, noise=seq.noise)

@@ -1,0 +1,60 @@
+"""Aggregate tokens/s of the batched engine per method, in process: N requests (held-out code
+prompts, T=0, a fixed number of tokens, EOS ignored) through a BatchEngine of N slots, for each
+N and method; methods take turns, the whole round repeated (best of the repeats is reported).
+It approximates N closed-loop clients of `specdec serve --max-batch N` without HTTP.
+
+    python scripts/batch_methods_tps.py [--target smollm2] [--dtype bfloat16] [--methods none,eagle,draft]
+                                        [--clients 1,16] [--tokens 64] [--repeats 2]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import specdec
+from specdec.data.prompts import build_suite
+from specdec.engine.batch import BatchEngine
+from specdec.sampling import SamplingParams
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default="smollm2")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--methods", default="none,eagle,draft")
+    p.add_argument("--clients", default="1,16")
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    methods, sizes = args.methods.split(","), [int(x) for x in args.clients.split(",")]
+    torch.set_num_threads(args.threads)
+    decoders = {m: specdec.load(target=args.target, method=m, dtype=args.dtype, calibrate=True) for m in methods}
+    prompts = [q.text for q in build_suite(16, ["code"])]
+    engines: dict[tuple[str, int], BatchEngine] = {}
+    speeds: dict[tuple[str, int], list[float]] = {}
+    for r in range(args.repeats):
+        for n in sizes:
+            for m in methods:
+                if (m, n) not in engines:
+                    engines[m, n] = BatchEngine(decoders[m].engine, max_batch=n, calibrate=True)
+                params = SamplingParams(max_new_tokens=args.tokens, ignore_eos=True)
+                t0 = time.perf_counter()
+                results = engines[m, n].generate([(prompts[i % len(prompts)], params, m) for i in range(n)])
+                seconds = time.perf_counter() - t0
+                tps = sum(len(x.token_ids) for x in results) / seconds
+                accepted = sum(x.stats.accepted_tokens for x in results) / sum(x.stats.target_forwards for x in results)
+                speeds.setdefault((m, n), []).append(tps)
+                print(f"repeat {r} clients {n:2d} {m:6s} {tps:6.1f} tok/s  accepted a step {accepted:.2f}", flush=True)
+    print(f"{args.target} {args.dtype}, {args.tokens} tokens a request, best of {args.repeats}:")
+    for n in sizes:
+        base = max(speeds["none", n]) if ("none", n) in speeds else None
+        for m in methods:
+            best = max(speeds[m, n])
+            print(f"clients {n:2d} {m:6s} {best:6.1f} tok/s" + (f"  {best / base:.2f}x none" if base else ""))
+
+
+if __name__ == "__main__":
+    main()
