@@ -205,7 +205,7 @@ def timed_storm(args, url: str, port: int, plans: list[Plan]) -> tuple[dict, lis
 
 
 def run(args, serve_args: list[str]) -> dict:
-    from specdec.bench.serve import SpecdecServer
+    from specdec.bench.servers import SpecdecServer
 
     with SpecdecServer(serve_args, startup_seconds=120) as server:
         return measure(args, serve_args, server.url, server.port, server.process.pid)

@@ -12,17 +12,16 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
-from specdec.bench.llama_cpp import ENV_VAR, SPEC_ARGS, LlamaServer, find_llama_server, server_version, stop_server
+from specdec.bench.llama_cpp import ENV_VAR, SPEC_ARGS, LlamaServer, find_llama_server, server_version
 from specdec.bench.serve_load import APIS, Endpoint, LevelReport, LoadSpec, run_level, served_model
+from specdec.bench.serve_report import format_table, plot
+from specdec.bench.servers import STARTUP_SECONDS, SpecdecServer, Target
 from specdec.cli.common import check_at_least
 from specdec.data.prompts import CHAT_TASKS, TASKS, build_suite, render_chat, render_fim
 from specdec.errors import SpecdecError
@@ -31,75 +30,12 @@ from specdec.models.bundled import DEFAULT_TARGET
 
 # llama.cpp configurations: llama_cpp.SPEC_ARGS, and a draft model (--draft or --llama-draft-gguf)
 LLAMA_CONFIGS = (*SPEC_ARGS, "draft")
-STARTUP_SECONDS = 900.0  # loading and calibrating a model, or writing a GGUF, can take minutes
 API_KEY_ENV = "OPENAI_API_KEY"
 # A level's wall time ends with a ramp-down, while the last requests run beside fewer than C
 # others; with speculation requests differ in speed (prompt lookup finds code, not prose), so
 # the ramp-down grows. Measured here (SmolLM2 bf16, ngram, C=4): see bench/README.md, stop 26.
 REQUESTS_PER_CLIENT = 4
 
-
-@dataclass
-class Target:
-    """A server to measure: its report name, URL, model id (None: ask /v1/models), and how it
-    was started (for the JSON)."""
-    name: str
-    url: str | None = None  # None until started
-    model: str | None = None
-    api_key: str | None = None
-    extra_body: dict = field(default_factory=dict)
-    start: Callable[[ExitStack], str] | None = None  # starts a server this command runs; -> its URL
-    command: list[str] | None = None
-
-
-class SpecdecServer:
-    """`specdec serve` in a subprocess on a free port; a context manager."""
-
-    def __init__(self, args: list[str], startup_seconds: float = STARTUP_SECONDS):
-        from specdec.bench.llama_cpp import _free_port
-
-        self.port = _free_port()
-        self.command = [sys.executable, "-m", "specdec.cli.main", "serve", "--port", str(self.port),
-                        "--log-level", "warning", *args]
-        self.startup_seconds = startup_seconds
-        self.process: subprocess.Popen | None = None
-        self.log = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> SpecdecServer:
-        import httpx
-
-        self.log = tempfile.NamedTemporaryFile(prefix="specdec-serve-", suffix=".log", delete=False)
-        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + self.startup_seconds
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                message = f"specdec serve exited with status {self.process.returncode}:\n{self.log_tail()}"
-                self.__exit__()
-                raise SpecdecError(message)
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        message = f"specdec serve did not become ready within {self.startup_seconds:.0f} s:\n{self.log_tail()}"
-        self.__exit__()
-        raise SpecdecError(message)
-
-    def __exit__(self, *exc) -> None:
-        stop_server(self.process, self.log, timeout=15)
-
-    def log_tail(self, lines: int = 20) -> str:
-        self.log.flush()
-        return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-lines:])
-
-
-# ---------------------------------------------------------------- arguments
 
 def _ints(text: str, flag: str) -> list[int]:
     try:
@@ -267,64 +203,6 @@ def run(args: argparse.Namespace, log=None) -> tuple[list[LevelReport], list[Tar
                     target.url = target.start(stack)
                 reports += measure(target, prompts, spec, args, log)
     return reports, targets
-
-
-# ---------------------------------------------------------------- output
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
-
-
-def format_table(reports: list[LevelReport]) -> str:
-    head = ("target", "C", "tok/s", "req/s", "TTFT p50", "p99", "ITL p50", "p99", "TPOT p50", "p99", "tok/chunk",
-            "ok", "errors")
-    rows = [head]
-    for r in reports:
-        rows.append((r.target, str(r.concurrency), f"{r.tokens_per_second:.1f}", f"{r.requests_per_second:.2f}",
-                     _ms(r.ttft_p50_ms), _ms(r.ttft_p99_ms), _ms(r.itl_p50_ms), _ms(r.itl_p99_ms),
-                     _ms(r.tpot_p50_ms), _ms(r.tpot_p99_ms),
-                     "-" if r.mean_tokens_per_chunk is None else f"{r.mean_tokens_per_chunk:.2f}",
-                     f"{r.completed}/{r.requests}", str(r.errors)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    out = "\n".join(lines) + "\n(latencies in ms; TTFT = time to first token, ITL = per-token gap, " \
-                             "TPOT = time per output token after the first, per request)"
-    for r in reports:
-        for e in r.error_samples:
-            out += f"\n{r.target} C={r.concurrency}: {e}"
-    return out
-
-
-def plot(reports: list[LevelReport], path: str) -> None:
-    require("matplotlib", "bench", "--plot").use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = (("tokens_per_second", None, "aggregate tokens/s"),
-              ("ttft_p50_ms", "ttft_p99_ms", "time to first token (ms)"),
-              ("itl_p50_ms", "itl_p99_ms", "per-token latency (ms)"))
-    levels = sorted({r.concurrency for r in reports})
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
-    names = list(dict.fromkeys(r.target for r in reports))
-    for ax, (p50, p99, title) in zip(axes, panels):
-        for i, name in enumerate(names):
-            rs = [r for r in reports if r.target == name]
-            xs = [r.concurrency for r in rs]
-            color = f"C{i}"
-            ax.plot(xs, [getattr(r, p50) for r in rs], "o-", color=color, label=name if p99 is None else f"{name} p50")
-            if p99 is not None:
-                ax.plot(xs, [getattr(r, p99) for r in rs], "x--", color=color, label=f"{name} p99")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(levels, [str(c) for c in levels])
-        ax.set_xlabel("concurrent clients")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    axes[-1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:

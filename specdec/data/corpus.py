@@ -7,6 +7,8 @@ import os
 import sysconfig
 from pathlib import Path
 
+from specdec.errors import SpecdecError
+
 SKIP_DIRS = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
 
 
@@ -40,3 +42,11 @@ def split_files(root: str | Path) -> tuple[list[Path], list[Path]]:
 
 def read_text(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
+
+
+def corpus_root(folder: str | None) -> Path:
+    """The training corpus: a folder of Python files, or this Python's standard library."""
+    root = Path(folder) if folder else stdlib_root()
+    if not root.is_dir():
+        raise SpecdecError(f"corpus folder {str(root)!r} does not exist")
+    return root
