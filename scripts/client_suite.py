@@ -6,7 +6,7 @@ tests check. Written from reading them, not copied: their expectations about lla
 test model (regexes over its output, exact token counts) and llama.cpp-only extensions
 (/completion, /tokenize, timings, ...) are not applicable and are listed with the reason.
 
-    OMP_NUM_THREADS=1 python scripts/client_suite.py --out bench/client_suite.txt   # SmolLM2 when installed
+    OMP_NUM_THREADS=1 python scripts/client_suite.py --out bench/results/client_suite.txt   # SmolLM2 when installed
     OMP_NUM_THREADS=1 python scripts/client_suite.py -- --target bundled --method draft
     python scripts/client_suite.py --url http://127.0.0.1:8000 --api-key KEY         # a server already running
 

@@ -288,7 +288,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-latency", type=float, default=2.0)
     p.add_argument("--rss-margin-mib", type=float, default=16.0, help="allowed growth (or 5%% of RSS if more)")
-    p.add_argument("--out", default="bench/disconnects.txt")
+    p.add_argument("--out", default="bench/results/disconnects.txt")
     args = p.parse_args(argv)
     report = run(args, serve_args)
     ok = verdicts(report, args)

@@ -3,7 +3,7 @@ the adaptivity benchmark (acceptance near 0: the controller must fall back to pl
 
     python scripts/random_draft.py /tmp/random-draft
     specdec bench --methods none,draft --draft /tmp/random-draft --tasks code,freetext \
-        --temperatures 0,1 --json bench/random_draft.json
+        --temperatures 0,1 --json bench/results/random_draft.json
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Copy the trained SmolLM2 EAGLE head (runs/smollm2-eagle/head/model) into
 specdec/bundled_models/smollm2-eagle in bfloat16 (the dtype SmolLM2 runs in; the d2t map stays
 int64), keeping its config (tree, held-out accuracy, training facts). The model card
-(README.md) is written by hand from the measurements in bench/README.md.
+(README.md) is written by hand from the measurements in bench/results/README.md.
 
     python scripts/ship_smollm2_eagle.py [RUN_FOLDER]
 """

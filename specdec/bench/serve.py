@@ -33,7 +33,7 @@ LLAMA_CONFIGS = (*SPEC_ARGS, "draft")
 API_KEY_ENV = "OPENAI_API_KEY"
 # A level's wall time ends with a ramp-down, while the last requests run beside fewer than C
 # others; with speculation requests differ in speed (prompt lookup finds code, not prose), so
-# the ramp-down grows. Measured here (SmolLM2 bf16, ngram, C=4): see bench/README.md, stop 26.
+# the ramp-down grows. Measured here (SmolLM2 bf16, ngram, C=4): see bench/results/README.md, stop 26.
 REQUESTS_PER_CLIENT = 4
 
 

@@ -4,7 +4,7 @@ On this CPU F.linear with a bfloat16 weight repacks the whole weight into oneDNN
 layout on every call; for a decode pass that is most of the cost. Packing once at load time
 (oneDNN's reorder op, which PyTorch's own inductor uses for frozen CPU linears;
 kernels/torch_private.py) made SmolLM2's bf16 1-token pass 17.0 -> 14.0 ms here and its greedy decoding
-50.0 -> 64.4 tokens/s (bench/README.md).
+50.0 -> 64.4 tokens/s (bench/results/README.md).
 
 - bfloat16: the products are the same kernel's as F.linear's, and are checked at packing time
   to be equal bit for bit over the pass widths decoding uses: outputs do not change at all.

@@ -8,7 +8,7 @@ or quartering (int4) the bytes read is what makes a memory-bound pass faster.
 
 Exact mode computes int8 rows on the batch-invariant kernel (kernels/rows.cpp) and int4 rows
 one kernel call per row (exact.py): PyTorch's kernels give no such promise.
-Their cost grows ~1 ms per row past 4 rows (SmolLM2, bench/README.md), so for wide non-exact
+Their cost grows ~1 ms per row past 4 rows (SmolLM2, bench/results/README.md), so for wide non-exact
 passes (a prefill) int8 multiplies by the weight dequantized on the fly; int4 keeps its
 kernel (its weights cannot be unpacked cheaply): a SmolLM2 prefill then costs 1.2 ms per
 token against bf16's 0.65.

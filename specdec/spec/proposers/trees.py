@@ -8,7 +8,7 @@ import heapq
 # Node budgets a tree drafter offers its controller, capped at its largest tree. The smallest is
 # 2 nodes: where plain steps win (T=1), the controller's exploration and probes use the
 # smallest tree; with 4 nodes the smallest, eagle and medusa one-shot calls at T=1 ran at
-# 0.92-0.98x of plain decoding (bench/README.md, stop 29).
+# 0.92-0.98x of plain decoding (bench/results/README.md, stop 29).
 TREE_BUDGETS = (2, 4, 8, 16)
 
 
