@@ -23,7 +23,8 @@ from specdec.models.exact import rows_alone
 from specdec.models.gguf import PERMUTED_ARCHITECTURES, GGUFFile, hf_config, unpermute_qk
 from specdec.models.gguf_blocks import GROUPED_FORMATS, Grouped, requantized_4bit, unpack
 from specdec.models.grouped_stack import MAX_PARTS, GroupedStack, kernel_takes
-from specdec.models.llama import LlamaModel, RopeTable, rope_inv_freq
+from specdec.models.llama import LlamaModel
+from specdec.models.rope import RopeTable, rope_inv_freq
 
 FLOAT_FORMATS = ("F32", "F16", "BF16")
 

@@ -17,8 +17,9 @@ from torch import nn
 from specdec.models.cache import KVCache
 from specdec.models.config import ModelConfig
 from specdec.models.linear import pack_linears, project
-from specdec.models.llama import DecoderLayer, RMSNorm, RopeTable, rope_inv_freq
+from specdec.models.llama import DecoderLayer, RMSNorm
 from specdec.models.packed import pack_weight, packed_bytes
+from specdec.models.rope import RopeTable, rope_inv_freq
 from specdec.models.runner import tensor_bytes
 from specdec.sampling import SamplingParams, draw_distinct, final_probs
 from specdec.sampling.penalties import PenaltyRows, TokenHistory, adjust_logits, tree_paths
