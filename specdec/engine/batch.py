@@ -76,49 +76,13 @@ class BatchEngine:
         if calibrate:
             self.calibrate()
 
-    def calibrate(self, context: int = 8, repeats: int = 2) -> None:
-        """Time (and warm up) batched target passes over 1, 2, 4, ... max_rows rows (n
-        sequences of `context` tokens, n * width = rows) and, for the draft model, batched
-        draft passes over 1, 2, 4, ... sequences: the batch's K starts from these costs."""
+    def calibrate(self) -> None:
+        """Time (and warm up) batched passes: the batch's K starts from their costs
+        (batch_drafting.BatchDrafting.calibrate)."""
         if self.entries:
             raise SpecdecError("calibrate an empty batch")
-        filler = min(self.engine.eos_ids) if self.engine.eos_ids else 0
-        prefix = [filler] * context
-        for slot in range(self.max_batch):
-            self.runner.extend_slot(slot, prefix, want_logits=False)
-            if self.draft is not None:
-                self.draft.prefill(slot, prefix)
-
-        def best(fn, *args) -> float:
-            fn(*args)  # warm-up
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                fn(*args)
-                times.append(time.perf_counter() - t0)
-            return min(times)
-
-        def target_pass(n: int, width: int) -> None:
-            self.runner.extend([[filler] * width] * n, [self.engine.exact] * n)
-            for slot in range(n):
-                self.runner.rollback(slot, context)
-
-        def draft_pass(n: int) -> None:
-            self.draft.runner.extend([[filler]] * n)
-            for slot in range(n):
-                self.draft.runner.rollback(slot, context)
-
-        rows = 1
-        while rows <= self.max_rows:
-            n = min(self.max_batch, rows)
-            self.drafting.width.target.observe(n * (rows // n), best(target_pass, n, rows // n))
-            if self.draft is not None and rows <= self.max_batch:
-                self.drafting.width.draft.observe(rows, best(draft_pass, rows))
-            rows *= 2
-        for slot in range(self.max_batch):
-            self.runner.rollback(slot, 0)
-            if self.draft is not None:
-                self.draft.reset(slot)
+        self.drafting.calibrate(self.runner, self.max_batch, self.engine.exact,
+                                min(self.engine.eos_ids) if self.engine.eos_ids else 0)
 
     @property
     def method(self) -> str:

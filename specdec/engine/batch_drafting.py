@@ -67,6 +67,49 @@ class BatchDrafting:
             self.forked_method = engine.method
         self.width = BatchDraftLength()  # the batch's K (unless the engine fixes K)
 
+    def calibrate(self, runner: BatchRunner, max_batch: int, exact: bool, filler: int, context: int = 8,
+                  repeats: int = 2) -> None:
+        """Time (and warm up) batched target passes over 1, 2, 4, ... max_rows rows (n
+        sequences of `context` filler tokens, n * width = rows) and, for the draft model,
+        batched draft passes over 1, 2, 4, ... sequences: the batch's K starts from these
+        costs. The batch must be empty; its slots are empty again after."""
+        prefix = [filler] * context
+        for slot in range(max_batch):
+            runner.extend_slot(slot, prefix, want_logits=False)
+            if self.draft is not None:
+                self.draft.prefill(slot, prefix)
+
+        def best(fn, *args) -> float:
+            fn(*args)  # warm-up
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn(*args)
+                times.append(time.perf_counter() - t0)
+            return min(times)
+
+        def target_pass(n: int, width: int) -> None:
+            runner.extend([[filler] * width] * n, [exact] * n)
+            for slot in range(n):
+                runner.rollback(slot, context)
+
+        def draft_pass(n: int) -> None:
+            self.draft.runner.extend([[filler]] * n)
+            for slot in range(n):
+                self.draft.runner.rollback(slot, context)
+
+        rows = 1
+        while rows <= self.max_rows:
+            n = min(max_batch, rows)
+            self.width.target.observe(n * (rows // n), best(target_pass, n, rows // n))
+            if self.draft is not None and rows <= max_batch:
+                self.width.draft.observe(rows, best(draft_pass, rows))
+            rows *= 2
+        for slot in range(max_batch):
+            runner.rollback(slot, 0)
+            if self.draft is not None:
+                self.draft.reset(slot)
+
     @property
     def method(self) -> str:
         """The decoder's method if the batch offers it, else plain decoding."""
