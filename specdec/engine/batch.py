@@ -251,7 +251,8 @@ class BatchEngine:
                 self.runner.keep(slot, start, kept)
             if entry.needs_hidden:
                 entry.proposer.observe_target(self.runner.last_hidden[slot][kept])
-            step = self.engine.emit(seq, tokens, logits[slot][kept], budget, proposal, n, drafted_in,
+            kept_logits = logits[slot][kept] if seq.token_logprobs is not None else None  # logprobs only
+            step = self.engine.emit(seq, tokens, kept_logits, budget, proposal, n, drafted_in,
                                     target_seconds, other_since=t1, observe=entry.method != "none")
             events.append(BatchEvent(seq, step))
         return events
