@@ -118,7 +118,7 @@ class BatchDrafting:
     def check_method(self, method: str) -> None:
         if method not in self.proposers:
             raise SpecdecError(f"method {method!r} is not batched here; this batch offers "
-                               f"{', '.join(self.proposers)} (draft when the decoder's method is draft)")
+                               f"{', '.join(self.proposers)} (a decoder batches its own method besides none and ngram)")
 
     def entry(self, seq: Sequence, method: str) -> BatchEntry:
         """A new sequence's entry with its drafter: the shared prompt lookup, a free fork of
