@@ -2,6 +2,7 @@
 a GenerationResult at the end."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -39,8 +40,8 @@ class StreamChunk:
 
 @dataclass
 class Sequence:
-    """One generation in progress: everything the step loop carries from one step to the next.
-    (The batched engine will hold one of these per slot.)"""
+    """One generation in progress: everything the step loop carries from one step to the next
+    (the batched engine holds one per slot), and its stop rules."""
     prompt_ids: list[int]
     params: SamplingParams
     controller: Controller
@@ -60,3 +61,28 @@ class Sequence:
     @property
     def remaining(self) -> int:
         return self.params.max_new_tokens - len(self.generated)
+
+    def cut(self, tokens: list[int], eos_ids: frozenset[int]) -> tuple[list[int], bool]:
+        """A step's tokens up to and including the first EOS (or stop token), and at most the
+        tokens still allowed; whether an end token was met."""
+        tokens = tokens[:self.remaining]
+        ends = self.params.stop_token_ids
+        for i, token in enumerate(tokens):
+            if (token in eos_ids and not self.params.ignore_eos) or token in ends:
+                return tokens[:i + 1], True
+        return tokens, False
+
+    def past_line_time_limit(self) -> bool:
+        """params.line_time_limit passed since the first token, with a line of output complete."""
+        limit = self.params.line_time_limit
+        if limit is None or "\n" not in self.text.text:
+            return False
+        return time.perf_counter() - (self.started_at + self.stats.prefill_seconds) > limit
+
+    def finish(self) -> tuple[GenerationResult, str]:
+        """The result, and the text held back until now (an incomplete character, a possible
+        stop-string prefix) that the caller has not seen yet."""
+        tail = self.text.finish()
+        self.stats.wall_seconds = time.perf_counter() - self.started_at
+        return GenerationResult(self.text.emitted, self.generated, self.finish_reason or "length", self.stats,
+                                len(self.prompt_ids), self.token_logprobs, self.prompt_logprobs), tail

@@ -221,7 +221,7 @@ class Engine:
         """Append a step's verified tokens (accepted drafts + the target's own) to seq, apply its
         stop rules and record the step; logits[j] is the pass row that predicted tokens[j]
         (needed for logprobs only). Shared by step() and the batched engine."""
-        new, hit_eos = self._cut(tokens, seq)
+        new, hit_eos = seq.cut(tokens, self.eos_ids)
         seq.context.extend(new)
         seq.generated.extend(new)
         if seq.history is not None:
@@ -240,24 +240,13 @@ class Engine:
         if stopped:
             seq.finish_reason = "stop"
         elif (seq.remaining <= 0 or self.target.max_len - len(seq.context) <= 0
-              or self._past_line_time_limit(seq)):
+              or seq.past_line_time_limit()):
             seq.finish_reason = "length"
         return step
 
-    @staticmethod
-    def _past_line_time_limit(seq: Sequence) -> bool:
-        limit = seq.params.line_time_limit
-        if limit is None or "\n" not in seq.text.text:
-            return False
-        return time.perf_counter() - (seq.started_at + seq.stats.prefill_seconds) > limit
-
     def finish(self, seq: Sequence) -> tuple[GenerationResult, str]:
-        """The result, and the text held back until now (an incomplete character, a possible
-        stop-string prefix) that the caller has not seen yet."""
-        tail = seq.text.finish()
-        seq.stats.wall_seconds = time.perf_counter() - seq.started_at
-        return GenerationResult(seq.text.emitted, seq.generated, seq.finish_reason or "length", seq.stats,
-                                len(seq.prompt_ids), seq.token_logprobs, seq.prompt_logprobs), tail
+        """The result, and the text held back until now (Sequence.finish)."""
+        return seq.finish()
 
     def _choose_budget(self, seq: Sequence, room: int) -> int:
         if self.proposer is None or (self.needs_hidden and self.target.length == 0):
@@ -265,15 +254,6 @@ class Engine:
         if self.proposer.shape == "tree":
             return seq.controller.choose(room - 1)
         return seq.controller.choose(min(seq.remaining - 1, room - 1))
-
-    def _cut(self, tokens: list[int], seq: Sequence) -> tuple[list[int], bool]:
-        """Tokens up to and including the first EOS, and at most the tokens still allowed."""
-        tokens = tokens[:seq.remaining]
-        ends = seq.params.stop_token_ids
-        for i, token in enumerate(tokens):
-            if (token in self.eos_ids and not seq.params.ignore_eos) or token in ends:
-                return tokens[:i + 1], True
-        return tokens, False
 
     def exact_for(self, seq: Sequence) -> bool:
         """Whether seq's target passes use the exact (batch-invariant) kernels."""
