@@ -230,8 +230,7 @@ class BatchEngine:
         t0 = time.perf_counter()
         logits = self.runner.extend(rows, exact, trees)
         target_seconds = time.perf_counter() - t0
-        drafting = [b for slot, b in zip(ready, budgets)
-                    if b and self.draft is not None and self.entries[slot].method == "draft"]
+        drafting = [b for slot, b in zip(ready, budgets) if b and self.drafting.in_draft_pass(self.entries[slot])]
         self.drafting.width.observe(sum(len(r) for r in rows), target_seconds, len(drafting),
                                     max(drafting, default=0), model_seconds)
         events = []

@@ -127,6 +127,10 @@ class BatchDrafting:
             return BatchEntry(seq, method, self.forks.pop() if self.forks else self.engine.proposer.fork(), True)
         return BatchEntry(seq, method, self.proposers[method])
 
+    def in_draft_pass(self, entry: BatchEntry) -> bool:
+        """Whether entry drafts in the draft model's batched passes (not a fork of its own)."""
+        return self.draft is not None and entry.method == "draft"
+
     def release(self, entry: BatchEntry) -> None:
         """A sequence left the batch: its fork serves the next one."""
         if entry.forked:
@@ -172,7 +176,7 @@ class BatchDrafting:
         if not chains:
             return 0
         expected = [entries[slot].seq.controller.expected_tokens for slot, _ in chains]
-        drafting = sum(1 for slot, lim in chains if lim and self.draft is not None and entries[slot].method == "draft")
+        drafting = sum(1 for slot, lim in chains if lim and self.in_draft_pass(entries[slot]))
         return self.width.choose([lim for _, lim in chains], expected, self.max_rows // len(ready) - 1, drafting)
 
     def propose_each(self, entries: list[BatchEntry], ready: list[int], limits: list[int]
