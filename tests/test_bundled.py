@@ -139,16 +139,21 @@ def test_greedy_identity_bfloat16_exact_mode(plain_bf16, method):
 def test_the_identity_check_catches_passes_that_round_rows_by_width(plain_bf16, monkeypatch):
     """The identity above is not luck: with exact projections that let a row's result depend on
     the pass width (a relative change of 2^-8 in rows of passes wider than one token, about
-    bf16's rounding step), the same check finds diverging prompts."""
-    from specdec.models import linear
+    bf16's rounding step), the same check finds diverging prompts. The layers run in one kernel
+    call (models/stack.py): its input is changed so, alternately up and down along the features
+    (a uniform scale would pass through the norms unchanged)."""
+    from specdec.models.stack import LayerStack
 
-    exact_linear = linear.exact_linear
+    stack_call = LayerStack.__call__
 
-    def width_dependent(x, weight, bias=None):
-        y = exact_linear(x, weight, bias)
-        return y * (1 + 2 ** -8) if x.reshape(-1, x.shape[-1]).shape[0] > 1 else y
+    def width_dependent(self, x, *args, **kwargs):
+        if x.shape[0] > 1:
+            signs = torch.ones(x.shape[-1], dtype=x.dtype)
+            signs[1::2] = -1
+            x = x * (1 + 2 ** -8 * signs)
+        return stack_call(self, x, *args, **kwargs)
 
-    monkeypatch.setattr(linear, "exact_linear", width_dependent)
+    monkeypatch.setattr(LayerStack, "__call__", width_dependent)
     assert check_bf16_identity(plain_bf16, "draft", PROMPTS[:8], 64) > 0
 
 

@@ -160,7 +160,7 @@ def test_a_gguf_model_on_its_blocks_matches_the_dequantized_model(tiny_quantized
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_one_call_stack_is_the_layers_rows_and_each_row_alone(tiny_quantized, dtype):
-    """The layers in one kernel call (grouped_stack.py): close to the PyTorch layers (they round
+    """The layers in one kernel call (models/stack.py): close to the PyTorch layers (they round
     elementwise steps differently), and every row of a chain, a tree or a batched pass has
     exactly the bits of that row in a 1-token pass."""
     if build.load() is None:

@@ -80,7 +80,13 @@ inline void tile(const float* x, int64_t ldx, const typename W::T* w, int64_t K,
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
     const int64_t K8 = K & ~int64_t(7);
+    // The next tile's weights follow this one's in memory (C rows of w): their cache lines are
+    // asked for while this tile runs, C * 8 weights' worth a step, so that the short, interleaved
+    // column streams (K of a few hundred) do not wait on memory each time a tile starts.
+    const char* next = reinterpret_cast<const char*>(w + C * K);
+    constexpr int64_t STEP = C * 8 * sizeof(typename W::T);
     for (int64_t k = 0; k < K8; k += 8) {
+        for (int64_t b = 0; b < STEP; b += 64) _mm_prefetch(next + k / 8 * STEP + b, _MM_HINT_T0);
         __m256 wv[C];
         for (int c = 0; c < C; ++c) wv[c] = W::load(w + c * K + k);
         for (int r = 0; r < R; ++r) {
@@ -112,7 +118,7 @@ constexpr int64_t NB = 32;
 // x [M, K] float32 or bfloat16 (converted once to float32: exact), y [M, N] float32 or bfloat16
 template <class W, class Y>
 void linear(const void* x_in, bool x_bf16, const typename W::T* w, Epilogue e, Y* y, int64_t M, int64_t N,
-            int64_t K) {
+            int64_t K, int64_t ldy) {
     std::vector<float> converted;
     const float* x = static_cast<const float*>(x_in);
     if (x_bf16) {
@@ -126,11 +132,11 @@ void linear(const void* x_in, bool x_bf16, const typename W::T* w, Epilogue e, Y
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * NB, n1 = std::min(N, n0 + NB);
         int64_t m = 0;
-        for (; m + 4 <= M; m += 4) rows_block<W, 4>(x + m * K, K, w, K, y + m * N, N, n0, n1, e);
+        for (; m + 4 <= M; m += 4) rows_block<W, 4>(x + m * K, K, w, K, y + m * ldy, ldy, n0, n1, e);
         switch (M - m) {
-            case 3: rows_block<W, 3>(x + m * K, K, w, K, y + m * N, N, n0, n1, e); break;
-            case 2: rows_block<W, 2>(x + m * K, K, w, K, y + m * N, N, n0, n1, e); break;
-            case 1: rows_block<W, 1>(x + m * K, K, w, K, y + m * N, N, n0, n1, e); break;
+            case 3: rows_block<W, 3>(x + m * K, K, w, K, y + m * ldy, ldy, n0, n1, e); break;
+            case 2: rows_block<W, 2>(x + m * K, K, w, K, y + m * ldy, ldy, n0, n1, e); break;
+            case 1: rows_block<W, 1>(x + m * K, K, w, K, y + m * ldy, ldy, n0, n1, e); break;
             default: break;
         }
     }
@@ -142,9 +148,9 @@ void linear_any(const void* x, int x_bf16, const void* w, const float* scale, co
     const Epilogue e{scale, bias};
     const typename W::T* wt = static_cast<const typename W::T*>(w);
     if (y_bf16)
-        linear<W>(x, x_bf16 != 0, wt, e, static_cast<uint16_t*>(y), M, N, K);
+        linear<W>(x, x_bf16 != 0, wt, e, static_cast<uint16_t*>(y), M, N, K, N);
     else
-        linear<W>(x, x_bf16 != 0, wt, e, static_cast<float*>(y), M, N, K);
+        linear<W>(x, x_bf16 != 0, wt, e, static_cast<float*>(y), M, N, K, N);
 }
 
 // Grouped weights (GGUF's block formats unpacked, models/gguf_blocks.py), multiplied as
@@ -648,7 +654,8 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
 // invariant kernels above (products, attention). So a row's bits depend on that row and its keys
 // only: exact mode by construction, with none of the ~90 framework calls a layer otherwise costs.
 
-struct Part {  // one GGUF tensor's unpacked blocks (models/gguf_blocks.py Grouped)
+struct Part {  // one GGUF tensor's unpacked blocks (models/gguf_blocks.py Grouped), or a dense weight
+               // (bits 16: bfloat16 [rows, K] at q; bits 32: float32; no scales)
     const void* q;
     const void* scale;
     const void* offset;
@@ -686,8 +693,18 @@ int project(const Projection& p, const Y* x, int64_t M, int64_t K, Y* y) {
     int64_t column = 0;
     for (int64_t i = 0; i < p.count; ++i) {
         const Part& part = p.parts[i];
+        const bool x_bf16 = std::is_same<Y, uint16_t>::value;
+        if (part.bits == 16 || part.bits == 32) {
+            const Epilogue e{nullptr, part.bias};
+            if (part.bits == 16)
+                linear<Bf16>(x, x_bf16, static_cast<const uint16_t*>(part.q), e, y + column, M, part.rows, K, p.out);
+            else
+                linear<F32>(x, x_bf16, static_cast<const float*>(part.q), e, y + column, M, part.rows, K, p.out);
+            column += part.rows;
+            continue;
+        }
         const GroupScales gs{part.scale, part.offset, part.scale_super, part.offset_super};
-        if (glinear_any(x, std::is_same<Y, uint16_t>::value, static_cast<const uint8_t*>(part.q), int(part.bits),
+        if (glinear_any(x, x_bf16, static_cast<const uint8_t*>(part.q), int(part.bits),
                         int(part.is_signed), gs, part.group, part.bias, y + column, p.out, M, part.rows, K))
             return 1;
         column += part.rows;
@@ -762,7 +779,7 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
 
 extern "C" {
 
-int specdec_kernels_version() { return 7; }
+int specdec_kernels_version() { return 8; }
 
 // y = x @ w.T (times scale, plus bias: both optional, float32 [N]); x and y float32 or bfloat16
 void linear_bf16(const void* x, int x_bf16, const uint16_t* w, const float* bias, void* y, int y_bf16,

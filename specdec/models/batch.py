@@ -106,7 +106,9 @@ def batch_forward(model: LlamaModel, ids: list[list[int]], cache: BatchKVCache, 
         depths = [(tree.sum(1) - 1).tolist() if tree is not None else range(w) for tree, w in zip(trees, widths)]
         rope_pos = torch.tensor([starts[b] + d for b in range(n) for d in depths[b]], device=device)
     flat = torch.tensor([token for r in ids for token in r], dtype=torch.long, device=device)
-    if model.stack is not None:  # GGUF blocks: every row exact, all layers in one kernel call (grouped_stack.py)
+    fast = model.fast_paths
+    if model.stack is not None and (fast is None or exact is not None and any(exact) or fast.use_stack(len(flat))):
+        # all layers in one kernel call (models/stack.py), every row exact
         write = pos.tolist()
         base = [b * cache.keys[0].stride(0) for b in slot.tolist()]
         lists = None

@@ -22,9 +22,9 @@ from specdec.models.config import ModelConfig
 from specdec.models.exact import rows_alone
 from specdec.models.gguf import PERMUTED_ARCHITECTURES, GGUFFile, hf_config, unpermute_qk
 from specdec.models.gguf_blocks import GROUPED_FORMATS, Grouped, requantized_4bit, unpack
-from specdec.models.grouped_stack import MAX_PARTS, GroupedStack, kernel_takes
 from specdec.models.llama import LlamaModel
 from specdec.models.rope import RopeTable, rope_inv_freq
+from specdec.models.stack import MAX_PARTS, LayerStack, kernel_takes
 
 FLOAT_FORMATS = ("F32", "F16", "BF16")
 
@@ -94,7 +94,7 @@ def requantize_to_4bit(model: nn.Module) -> int:
     return saved
 
 
-def grouped_stack(model) -> GroupedStack | None:
+def grouped_stack(model) -> LayerStack | None:
     """The one-call stack for a model on GGUF blocks, or None where it does not apply (the
     kernels unavailable, another dtype, a projection the kernels cannot multiply)."""
     lib = build.load()
@@ -106,7 +106,7 @@ def grouped_stack(model) -> GroupedStack | None:
             return None
         if not all(kernel_takes(part) for lin in linears for part in lin.parts):
             return None
-    return GroupedStack(model, lib)
+    return LayerStack(model, lib)
 
 
 class GroupedEmbedding(nn.Module):

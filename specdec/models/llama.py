@@ -145,7 +145,8 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope = RopeTable(rope_inv_freq(config))
         self.compiled: Callable | None = None  # set by compile_forward()
-        self.stack: Callable | None = None  # models on GGUF blocks: all layers in one kernel call (grouped_stack.py)
+        self.stack: Callable | None = None  # all layers in one kernel call (stack.py)
+        self.fast_paths = None  # stack.FastPaths: where fast passes run (None: on the stack where there is one)
         self.apply(self._init_weights)
         for layer in self.model.layers:  # GPT-2 style: residual projections scaled by depth
             for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
@@ -229,7 +230,8 @@ class LlamaModel(nn.Module):
         """The final-norm hidden states, eagerly. exact: every row's attention is computed as a
         1-token pass would (see exact.attend_rows), so that each row's output does not depend
         on how many rows the pass holds."""
-        if self.stack is not None and cache is not None and ids.shape[0] == 1 and cache.layout() is not None:
+        if self.stack is not None and cache is not None and ids.shape[0] == 1 and cache.layout() is not None \
+                and (exact or self.fast_paths is None or self.fast_paths.use_stack(ids.shape[1])):
             return self._stack_states(ids, positions, cache, attn_mask)
         cos, sin, mask, row_keys = self._pass_inputs(ids, positions, cache, attn_mask, exact)
         x = self.model.embed_tokens(ids)

@@ -154,4 +154,5 @@ def quantize_model(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_
         mlp.down_proj = quantized(mlp.down_proj.weight)
         del attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj
     model.lm_head = quantized(model.lm_head.weight)
+    model.stack, model.fast_paths = None, None  # the one-call stack held the float weights (models/stack.py)
     return model

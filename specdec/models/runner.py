@@ -13,6 +13,7 @@ from specdec.models.cache import KVCache
 from specdec.models.compiled import SMALL_MODEL_BYTES
 from specdec.models.llama import LlamaModel
 from specdec.models.packed import packed_bytes
+from specdec.models.stack import dense_stack, time_fast_paths
 
 
 class Runner(Protocol):
@@ -78,6 +79,10 @@ class NativeRunner:
             self.model.compile_forward(cpp_wrapper=tensor_bytes(self.model.parameters()) < SMALL_MODEL_BYTES)
             if not pack:  # pack_weights() packed it already
                 self.model.pack_lm_head()
+        if self.model.stack is None and self.model.compiled is None:  # dense weights: their layers in one call too
+            self.model.stack = dense_stack(self.model)
+            if self.model.stack is not None:
+                self.model.fast_paths = time_fast_paths(self.model)
         self.vocab_size = model.config.vocab_size
         self.max_len = min(max_len or DEFAULT_CONTEXT, model.config.max_position_embeddings)
         self.cache: KVCache = model.new_cache(self.max_len)
@@ -117,9 +122,10 @@ class NativeRunner:
     @property
     def kv_rows_invariant(self) -> bool:
         """Whether every key/value row written has the same bits however many rows its pass
-        held: true of the one-call stack of a model on GGUF blocks (grouped_stack.py), so a
-        cached prefix is what a fresh prefill would write."""
-        return self.model.stack is not None and self.model.compiled is None
+        held: true where every pass runs on the one-call stack (models/stack.py), so a cached
+        prefix is what a fresh prefill would write."""
+        fast = self.model.fast_paths
+        return self.model.stack is not None and self.model.compiled is None and (fast is None or fast.stack_only)
 
     def keep(self, start: int, offsets: list[int]) -> None:
         self.cache.keep(start, offsets)

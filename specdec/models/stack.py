@@ -1,8 +1,9 @@
-"""A GGUF-grouped model's decoder layers in one kernel call a pass (rows.cpp `stack_forward`).
+"""A model's decoder layers in one kernel call a pass (rows.cpp `stack_forward`): on GGUF blocks
+(models/grouped.py) or on dense bfloat16 / float32 weights (SmolLM2 and the bundled models).
 
-Why: on the grouped weights a layer's products are a few kernel calls, but the norms, rope,
-cache writes, attention and residuals around them are ~90 PyTorch calls, which cost Qwen2.5-
-Coder-1.5B ~15 ms of a ~75 ms 1-token pass here (and its 0.5B draft a larger share). The kernel
+Why: a layer's products are a few kernel calls, but the norms, rope, cache writes, attention and
+residuals around them are ~90 PyTorch calls, which cost Qwen2.5-Coder-1.5B ~15 ms of a ~75 ms
+1-token pass here (and its 0.5B draft, or SmolLM2's 30 thin layers, a larger share). The kernel
 runs the same steps for every row on its own (elementwise work in float32, rounded once to the
 model dtype; products and attention by the batch-invariant kernels), so a row's bits never depend
 on the other rows of the pass: greedy speculation stays token-identical to plain decoding, in a
@@ -11,10 +12,13 @@ runs its PyTorch layers (models/llama.py) instead."""
 from __future__ import annotations
 
 import ctypes
+import time
+from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from specdec.kernels import invariant
+from specdec.kernels import build, invariant
 from specdec.kernels.invariant import address
 from specdec.models.gguf_blocks import Grouped
 
@@ -47,10 +51,13 @@ def _int64s(values: list[int]) -> ctypes.Array:
     return (ctypes.c_int64 * len(values))(*values)
 
 
-class GroupedStack:
-    """Runs the decoder layers of a model whose projections are all GroupedLinear (one dtype,
-    bfloat16 or float32) over M rows, each described by where it writes and which keys it
-    sees (a chain, a tree or a batch's slots)."""
+DENSE_BITS = {torch.bfloat16: 16, torch.float32: 32}  # rows.cpp's Part.bits for a dense weight
+
+
+class LayerStack:
+    """Runs the decoder layers of a model whose projections are all GroupedLinear, or all dense
+    weights in the model's dtype (bfloat16 or float32), over M rows, each described by where it
+    writes and which keys it sees (a chain, a tree or a batch's slots)."""
 
     def __init__(self, model, lib: ctypes.CDLL):
         c = model.config
@@ -75,6 +82,14 @@ class GroupedStack:
         return t.data_ptr()
 
     def _projection(self, spec: Projection, linear) -> None:
+        if not hasattr(linear, "parts"):  # a dense weight (FusedLinear, PackedLinear, nn.Linear): one part
+            weight = linear.weight.detach()
+            bias = None if linear.bias is None else linear.bias.detach().to(torch.float32).contiguous()
+            self.keep.extend(t for t in (weight, bias) if t is not None)
+            spec.count, spec.out = 1, weight.shape[0]
+            spec.parts[0] = Part(weight.data_ptr(), None, None, None, None, address(bias), weight.shape[0],
+                                 DENSE_BITS[weight.dtype], 0, 0)
+            return
         spec.count, spec.out = len(linear.parts), linear.out_features
         for i, (part, bias) in enumerate(zip(linear.parts, linear.part_biases)):
             self.keep.extend(t for t in (*part.tensors, bias) if t is not None)
@@ -108,8 +123,81 @@ class GroupedStack:
         return x
 
 
+def dense_stack(model) -> LayerStack | None:
+    """The one-call stack for a model whose projections are dense weights in its own dtype
+    (fused q/k/v and gate/up: LlamaModel.fuse_projections), or None where it does not apply
+    (the kernels unavailable, another dtype or device, quantized or unfused projections)."""
+    lib = build.load()
+    dtype = model.dtype
+    if lib is None or dtype not in DENSE_BITS or model.device.type != "cpu":
+        return None
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if attn.qkv is None or mlp.gate_up is None:
+            return None
+        for linear in (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj):
+            weight = getattr(linear, "weight", None)
+            if hasattr(linear, "parts") or not isinstance(weight, torch.Tensor) or weight.dtype != dtype \
+                    or not weight.is_contiguous():
+                return None
+        if not isinstance(attn.o_proj, nn.Module) or not isinstance(mlp.down_proj, nn.Module):
+            return None
+    return LayerStack(model, lib)
+
+
 def kernel_takes(part: Grouped) -> bool:
     """Whether rows.cpp multiplies this layout (one probe row)."""
     x = torch.zeros(1, part.shape[1])
     return invariant.linear_grouped(x, part.q, part.scale, part.offset, part.group, None, None, 0, part.bits,
                                     part.scale_super, part.offset_super) is not None
+
+
+# Pass widths timed when choosing where fast passes run; a width runs as the smallest class that
+# holds it (wider than the last: a prefill chunk, timed on WIDE rows).
+WIDTH_CLASSES, WIDE = (1, 2, 4, 8, 16, 32), 64
+
+
+@dataclass
+class FastPaths:
+    """Where a fast (not exact) pass of each width class runs: True = the one-call stack, False =
+    the PyTorch layers (whose products may be oneDNN's, with native bf16 or AMX where the CPU has
+    them). Exact passes always take the stack: its rows are exact by construction."""
+
+    on_stack: dict[int, bool]
+
+    def use_stack(self, width: int) -> bool:
+        return self.on_stack[next((c for c in WIDTH_CLASSES if width <= c), WIDE)]
+
+    @property
+    def stack_only(self) -> bool:
+        return all(self.on_stack.values())
+
+
+@torch.inference_mode()
+def time_fast_paths(model, repeats: int = 3) -> FastPaths:
+    """Times a pass of each width class both ways on a scratch cache (after 32 cached tokens),
+    best of `repeats` after one warm-up each, on this machine and thread count: the winner differs
+    by CPU (measured on an AVX2-only AMD EPYC, SmolLM2 bf16, ms at 1 / 4 / 8 / 256 tokens: stack
+    18.4 / 29.7 / 39.4 / 725, layers 29.5 / 39.3 / 48.2 / 682)."""
+    stack, cache = model.stack, model.new_cache(32 + WIDE)
+    ids = torch.arange(32, device=model.device)[None] % model.config.vocab_size
+    model.hidden_states(ids, cache=cache)  # through the stack: the layers path takes the same cache
+    on_stack = {}
+    try:
+        for width in (*WIDTH_CLASSES, WIDE):
+            new = torch.arange(width, device=model.device)[None] % model.config.vocab_size
+            seconds = {}
+            for use in (True, False):
+                model.stack = stack if use else None
+                best = float("inf")
+                for i in range(repeats + 1):
+                    cache.rollback(32)
+                    t0 = time.perf_counter()
+                    model.hidden_states(new, cache=cache)
+                    if i:
+                        best = min(best, time.perf_counter() - t0)
+                seconds[use] = best
+            on_stack[width] = seconds[True] <= seconds[False]
+    finally:
+        model.stack = stack
+    return FastPaths(on_stack)
