@@ -688,6 +688,33 @@ inline float rounded(float v, uint16_t*) {
 template <class Y> inline float value(const Y* p) { return float(*p); }
 template <> inline float value(const uint16_t* p) { return Bf16::one(p); }
 
+// 8 values at once, bit for bit what value() and store() give one at a time
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return Bf16::load(p); }
+inline void store8(float* y, __m256 v) { _mm256_storeu_ps(y, v); }
+inline __m256i bf16_bits8(__m256 v) {  // store()'s rounding on 8 lanes, as 32-bit lanes holding 16 bits
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
+}
+inline void store8(uint16_t* y, __m256 v) {
+    const __m256i r = bf16_bits8(v);
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128((__m128i*)y, packed);
+}
+inline __m256 rounded8(__m256 v, float*) { return v; }
+inline __m256 rounded8(__m256 v, uint16_t*) { return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits8(v), 16)); }
+
+// y[i] = rounded(a[i] + b[i]) for n values, 8 at a time (the tail one at a time, the same sums)
+template <class Y>
+inline void add_rounded(Y* y, const Y* b, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) store8(y + i, _mm256_add_ps(load8(y + i), load8(b + i)));
+    for (; i < n; ++i) store(y + i, value(y + i) + value(b + i));
+}
+
 template <class Y>
 int project(const Projection& p, const Y* x, int64_t M, int64_t K, Y* y) {
     int64_t column = 0;
@@ -716,11 +743,32 @@ int project(const Projection& p, const Y* x, int64_t M, int64_t K, Y* y) {
 // RMSNorm does, then the product rounded
 template <class Y>
 void rms_norm(const Y* x, const float* weight, int64_t M, int64_t H, float eps, Y* out) {
-    std::vector<float> row(H);
+    #pragma omp parallel for schedule(static) if (M > 1)
     for (int64_t m = 0; m < M; ++m) {
+        std::vector<float> row(H);
         for (int64_t i = 0; i < H; ++i) row[i] = value(x + m * H + i);
         const float inv = 1.0f / sqrtf(dot_f32(row.data(), row.data(), H) / float(H) + eps);
-        for (int64_t i = 0; i < H; ++i) store(out + m * H + i, rounded(row[i] * inv, out) * weight[i]);
+        const __m256 iv = _mm256_set1_ps(inv);
+        int64_t i = 0;
+        for (; i + 8 <= H; i += 8)
+            store8(out + m * H + i, _mm256_mul_ps(rounded8(_mm256_mul_ps(_mm256_loadu_ps(&row[i]), iv), out),
+                                                  _mm256_loadu_ps(weight + i)));
+        for (; i < H; ++i) store(out + m * H + i, rounded(row[i] * inv, out) * weight[i]);
+    }
+}
+
+// silu(g) * u over n values: g / (1 + exp(-g)) * u, exp by exp8 (the tail by the same lanes)
+template <class Y>
+inline void silu_product(const Y* g, const Y* u, Y* out, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 8) {
+        float gs[8] = {0}, us[8] = {0}, r[8];
+        const int64_t k = std::min<int64_t>(8, n - i);
+        for (int64_t j = 0; j < k; ++j) gs[j] = value(g + i + j), us[j] = value(u + i + j);
+        const __m256 gv = _mm256_loadu_ps(gs);
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        _mm256_storeu_ps(r, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(us)));
+        for (int64_t j = 0; j < k; ++j) store(out + i + j, r[j]);
     }
 }
 
@@ -760,17 +808,14 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
         attend<W>(q.data(), keys[l], values[l], base, count, start, index, att.data(), M, nh, nkv, hd, s.pos_stride,
                   s.head_stride, 1.0f / sqrtf(float(hd)));
         if (project(layer.o, att.data(), M, nh * hd, o.data())) return 1;
-        for (int64_t i = 0; i < M * H; ++i) store(x + i, value(x + i) + value(o.data() + i));
+        add_rounded(x, o.data(), M * H);
         rms_norm(x, layer.norm_post, M, H, s.eps, h.data());
         if (project(layer.gate_up, h.data(), M, H, gu.data())) return 1;
-        #pragma omp parallel for schedule(static) if (M * I >= 16384)
+        #pragma omp parallel for schedule(static) if (M > 1)
         for (int64_t m = 0; m < M; ++m)
-            for (int64_t i = 0; i < I; ++i) {
-                const float g = value(gu.data() + m * 2 * I + i), u = value(gu.data() + m * 2 * I + I + i);
-                store(act.data() + m * I + i, g / (1.0f + expf(-g)) * u);
-            }
+            silu_product(gu.data() + m * 2 * I, gu.data() + m * 2 * I + I, act.data() + m * I, I);
         if (project(layer.down, act.data(), M, I, o.data())) return 1;
-        for (int64_t i = 0; i < M * H; ++i) store(x + i, value(x + i) + value(o.data() + i));
+        add_rounded(x, o.data(), M * H);
     }
     return 0;
 }
