@@ -217,6 +217,7 @@ class BatchEngine:
         return events
 
     def _decode(self, ready: list[int]) -> list[BatchEvent]:
+        began = time.perf_counter()
         budgets, proposals, draft_seconds, model_seconds = self.drafting.plan(self.entries, ready, self.runner)
         rows: list[list[int]] = [[] for _ in range(ready[-1] + 1)]
         exact = [False] * len(rows)
@@ -254,6 +255,8 @@ class BatchEngine:
             step = self.engine.emit(seq, tokens, kept_logits, budget, proposal, n, drafted_in,
                                     target_seconds, other_since=t1, observe=entry.method != "none")
             events.append(BatchEvent(seq, step))
+        self.drafting.observe_step(sum(len(e.step.new_tokens) for e in events if e.step is not None),
+                                   time.perf_counter() - began)
         return events
 
     # ---------------------------------------------------------------- offline batches

@@ -14,10 +14,12 @@ from specdec.engine.single import Engine
 from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
 from specdec.spec.batch_controller import BatchDraftLength
+from specdec.spec.controller import TreeSizeController
 from specdec.spec.proposers.base import Proposal, Proposer
 from specdec.spec.proposers.batch_draft import BatchDraftModel, DraftRequest
 from specdec.spec.proposers.draft_model import DraftModelProposer
 from specdec.spec.proposers.prompt_lookup import PromptLookupProposer
+from specdec.stats import StepRecord
 
 BATCHED_METHODS = ("none", "ngram", "draft", "medusa", "eagle")
 TREE_METHODS = ("medusa", "eagle")
@@ -66,6 +68,12 @@ class BatchDrafting:
             self.proposers[engine.method] = None
             self.forked_method = engine.method
         self.width = BatchDraftLength()  # the batch's K (unless the engine fixes K)
+        # whether forked drafters draft at all this step, by batch size (a power of two): their
+        # passes run one sequence after another, a cost no sequence's own controller sees (each
+        # is charged the shared target pass whatever it drafts), so the batch measures its own
+        # tokens a second with them and without (a two-size TreeSizeController: 0 off, 1 on)
+        self.forked_gates: dict[int, TreeSizeController] = {}
+        self.gate: tuple[TreeSizeController, int] | None = None  # this step's gate and choice
 
     def calibrate(self, runner: BatchRunner, max_batch: int, exact: bool, filler: int, context: int = 8,
                   repeats: int = 2) -> None:
@@ -144,9 +152,31 @@ class BatchDrafting:
         early = self.propose_each(entries, ready, limits)  # cheap drafters first: K then knows their matches
         limits = [len(early[slot][0].tokens) if slot in early else lim for slot, lim in zip(ready, limits)]
         k = self.choose_k(entries, ready, limits)
-        budgets = [entries[slot].seq.controller.choose(lim) if entries[slot].tree and lim else min(k, lim)
+        forked_on = self.forked_gate(entries, ready, limits)
+        budgets = [0 if entries[slot].forked and not forked_on
+                   else entries[slot].seq.controller.choose(lim) if entries[slot].tree and lim else min(k, lim)
                    for slot, lim in zip(ready, limits)]
         return (budgets, *self.propose(entries, ready, budgets, early))
+
+    def forked_gate(self, entries: list[BatchEntry], ready: list[int], limits: list[int]) -> bool:
+        """Whether the forked drafters may draft this step (see forked_gates); True where none
+        would."""
+        self.gate = None
+        if self.engine.fixed_draft_tokens is not None or not any(
+                entries[slot].forked and lim for slot, lim in zip(ready, limits)):
+            return True
+        gate = self.forked_gates.setdefault(1 << (len(ready).bit_length() - 1), TreeSizeController([1]))
+        self.gate = (gate, gate.choose(1))
+        return self.gate[1] == 1
+
+    def observe_step(self, tokens: int, seconds: float) -> None:
+        """The whole batch step's tokens and seconds (drafting, pass, verification), for the
+        gate consulted in plan()."""
+        if self.gate is not None and tokens > 0:
+            gate, on = self.gate
+            gate.observe(StepRecord(budget=on, drafted=0, accepted=tokens - 1, new_tokens=(), text="",
+                                    draft_seconds=0.0, sync_seconds=0.0, target_seconds=seconds, other_seconds=0.0))
+        self.gate = None
 
     def limits(self, entries: list[BatchEntry], ready: list[int], runner: BatchRunner) -> list[int]:
         """The most drafts (a tree: nodes) each sequence may take this step: its method's and
