@@ -762,12 +762,17 @@ template <class Y>
 inline void silu_product(const Y* g, const Y* u, Y* out, int64_t n) {
     const __m256 one = _mm256_set1_ps(1.0f);
     for (int64_t i = 0; i < n; i += 8) {
-        float gs[8] = {0}, us[8] = {0}, r[8];
         const int64_t k = std::min<int64_t>(8, n - i);
+        float gs[8] = {0}, us[8] = {0}, r[8];
         for (int64_t j = 0; j < k; ++j) gs[j] = value(g + i + j), us[j] = value(u + i + j);
         const __m256 gv = _mm256_loadu_ps(gs);
         const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-        _mm256_storeu_ps(r, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(us)));
+        const __m256 y = _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(us));
+        if (k == 8) {
+            store8(out + i, y);
+            continue;
+        }
+        _mm256_storeu_ps(r, y);
         for (int64_t j = 0; j < k; ++j) store(out + i + j, r[j]);
     }
 }

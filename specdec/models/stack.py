@@ -177,8 +177,9 @@ class FastPaths:
 def time_fast_paths(model, repeats: int = 3) -> FastPaths:
     """Times a pass of each width class both ways on a scratch cache (after 32 cached tokens),
     best of `repeats` after one warm-up each, on this machine and thread count: the winner differs
-    by CPU (measured on an AVX2-only AMD EPYC, SmolLM2 bf16, ms at 1 / 4 / 8 / 256 tokens: stack
-    18.4 / 29.7 / 39.4 / 725, layers 29.5 / 39.3 / 48.2 / 682)."""
+    by CPU (measured on an AVX2-only AMD EPYC, SmolLM2 bf16, ms at 1 / 4 / 8 / 256 tokens, before the
+    products' prefetch: stack 18.4 / 29.7 / 39.4 / 725, layers 29.5 / 39.3 / 48.2 / 682; a
+    CPU with native bf16 or AMX in oneDNN may favour the layers for prefill chunks)."""
     stack, cache = model.stack, model.new_cache(32 + WIDE)
     ids = torch.arange(32, device=model.device)[None] % model.config.vocab_size
     model.hidden_states(ids, cache=cache)  # through the stack: the layers path takes the same cache
