@@ -24,6 +24,17 @@ def _head_data(args, target_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     return encode_files(tok, train_files[:args.max_files]), encode_files(tok, held[:args.max_files])
 
 
+def _target_and_data(args):
+    """What a head trains on: the frozen float32 target and its tokenized train / held-out ids;
+    the seed set for the head's initialisation."""
+    from specdec.models.checkpoint import load_native
+
+    target = load_native(args.target, "float32")
+    train_ids, held_ids = _head_data(args, args.target)
+    torch.manual_seed(args.seed)
+    return target, train_ids, held_ids
+
+
 def _head_config(args):
     from specdec.train.heads import HeadTrainConfig
 
@@ -33,14 +44,11 @@ def _head_config(args):
 
 def cmd_medusa(args) -> int:
     require("rich.progress", "train", "training")  # the trainers' progress bars
-    from specdec.models.checkpoint import load_native
     from specdec.spec.proposers.medusa import MedusaHeads, save_medusa
     from specdec.spec.proposers.trees import build_tree, expected_accepted_length
     from specdec.train.heads import medusa_rank_accuracy, train_medusa
 
-    target = load_native(args.target, "float32")
-    train_ids, held_ids = _head_data(args, args.target)
-    torch.manual_seed(args.seed)
+    target, train_ids, held_ids = _target_and_data(args)
     if args.init:
         from specdec.spec.proposers.medusa import load_medusa
 
@@ -87,13 +95,10 @@ def cmd_eagle(args) -> int:
         return cmd_eagle_features(args)
     from dataclasses import replace
 
-    from specdec.models.checkpoint import load_native
     from specdec.spec.proposers.eagle import EagleHead, TreeShape, save_eagle
     from specdec.train.heads import eagle_accuracy, train_eagle
 
-    target = load_native(args.target, "float32")
-    train_ids, held_ids = _head_data(args, args.target)
-    torch.manual_seed(args.seed)
+    target, train_ids, held_ids = _target_and_data(args)
     if args.init:
         from specdec.spec.proposers.eagle import load_eagle
 
