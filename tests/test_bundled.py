@@ -116,10 +116,13 @@ def plain_bf16():
     return {}, specdec.load(dtype="bfloat16")
 
 
-def check_bf16_identity(plain_bf16, method: str, prompts: list[str], tokens: int, exact: bool = True) -> int:
-    """Prompts whose greedy bfloat16 output differs from plain decoding's."""
+def check_bf16_identity(plain_bf16, method: str, prompts: list[str], tokens: int, exact: bool = True,
+                        decoder=None) -> int:
+    """Prompts whose greedy bfloat16 output differs from plain decoding's (decoder: one loaded
+    for method already)."""
     cache, plain = plain_bf16
-    decoder = specdec.load(method=method, dtype="bfloat16", draft_tokens=FIXED_BUDGET[method], exact=exact)
+    if decoder is None:
+        decoder = specdec.load(method=method, dtype="bfloat16", draft_tokens=FIXED_BUDGET[method], exact=exact)
     diverged = 0
     for prompt in prompts:
         if (prompt, tokens) not in cache:
@@ -134,6 +137,32 @@ def test_greedy_identity_bfloat16_exact_mode(plain_bf16, method):
     """The dtype the models ship in: exact mode (batch-invariant verification) makes greedy
     speculative output identical to plain decoding, not just in float64."""
     assert check_bf16_identity(plain_bf16, method, PROMPTS[:8], 64) == 0
+
+
+def test_exact_sequences_never_run_on_the_kernels_a_timing_chose(plain_bf16, monkeypatch):
+    """Where fast passes run is timed at load (stack.time_fast_paths): on a near tie two loads
+    can choose differently. An exact sequence runs every pass on the stack, its prompt's too, so
+    its output never depends on that choice (CI once saw a prompt prefilled on the PyTorch
+    layers in one decoder and on the stack in the other diverge)."""
+    from specdec.models.llama import DecoderLayer
+    from specdec.models.stack import FastPaths
+
+    decoder = specdec.load(method="ngram", dtype="bfloat16", draft_tokens=FIXED_BUDGET["ngram"])
+    model = decoder.engine.target.model
+    if model.fast_paths is None:
+        pytest.skip("no one-call stack here (the invariant kernels are unavailable)")
+    model.fast_paths = FastPaths({width: False for width in model.fast_paths.on_stack})  # PyTorch everywhere
+    decoder.batch_engine(max_batch=2)  # calibrated now: its timing passes are not a sequence's
+    layer_calls = []
+    layer_forward = DecoderLayer.forward
+    monkeypatch.setattr(DecoderLayer, "forward", lambda self, *args, **kwargs: layer_calls.append(1) or
+                        layer_forward(self, *args, **kwargs))
+    assert check_bf16_identity(plain_bf16, "ngram", PROMPTS[:4], 32, decoder=decoder) == 0
+    batched = decoder.generate_batch(PROMPTS[:2], max_new_tokens=32, ignore_eos=True, max_batch=2)
+    assert [result.token_ids for result in batched] == [plain_bf16[0][prompt, 32] for prompt in PROMPTS[:2]]
+    assert not layer_calls
+    decoder.generate(PROMPTS[0], max_new_tokens=8, temperature=1.0)  # not exact: the timed choice
+    assert layer_calls
 
 
 def test_the_identity_check_catches_passes_that_round_rows_by_width(plain_bf16, monkeypatch):

@@ -172,6 +172,7 @@ class Engine:
             self.proposer.reset(prompt_ids)
         if len(prompt_ids) - 1 > reused:
             logits = self.target.extend(prompt_ids[reused:-1], want_hidden=self.needs_hidden,
+                                        exact=self.exact_for(seq) and self.target.exact_is_free,
                                         want_logits=params.prompt_logprobs is not None)
             if params.prompt_logprobs is not None:
                 seq.prompt_logprobs += token_logprobs(logits, prompt_ids[1:], params.prompt_logprobs)

@@ -27,6 +27,7 @@ def load_transformers(folder: str | Path, dtype: str | torch.dtype = "float32"):
 
 class TransformersRunner:
     supports_tree = False
+    exact_is_free = False
 
     def __init__(self, model, max_len: int | None = None):
         from transformers import DynamicCache

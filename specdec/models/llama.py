@@ -152,6 +152,12 @@ class LlamaModel(nn.Module):
             for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
                 nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * config.num_hidden_layers))
 
+    @property
+    def exact_is_free(self) -> bool:
+        """Whether an exact pass costs what a fast one does: every pass on the one-call stack
+        can be (its rows are exact by construction, whatever the pass width)."""
+        return self.stack is not None and self.compiled is None
+
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):

@@ -21,6 +21,9 @@ class Runner(Protocol):
     vocab_size: int
     max_len: int  # context window of the cache
     last_hidden: torch.Tensor | None  # final hidden states of the last extend(want_hidden=True)
+    # exact passes cost no more than fast ones, so an exact sequence's prompt is prefilled exactly
+    # too: its rows then never depend on which kernels a timing at load chose for wide passes
+    exact_is_free: bool
 
     @property
     def length(self) -> int:
@@ -91,6 +94,10 @@ class NativeRunner:
     @property
     def length(self) -> int:
         return self.cache.length
+
+    @property
+    def exact_is_free(self) -> bool:
+        return self.model.exact_is_free
 
     def reset(self) -> None:
         self.cache.rollback(0)
