@@ -41,6 +41,33 @@ def _floats(table: dict, keys: set[int] | None = None) -> dict[int, float]:
     return {k: v for k, v in out.items() if keys is None or k in keys}
 
 
+@dataclass
+class ProbeBudget:
+    """What probing may cost. A probe (drafting where plain steps, or another tree size, are
+    measured to win) is how a controller notices acceptance rising; but where drafts are rarely
+    accepted (T=1) every probe is a loss, and a new sequence used to restart probing, so short
+    requests paid it again and again. The time probes lost against the choice they replaced
+    (their tokens at that choice's rate; drafter catch-up included) is kept within `share` of
+    all step time: a probe waits until the steps since have paid for the last one."""
+    share: float = 0.02
+    lost: float = 0.0
+    spent: float = 0.0
+
+    def allows(self) -> bool:
+        return self.lost <= self.share * self.spent
+
+    def observe(self, seconds: float, tokens: float, replaced_seconds_per_token: float | None,
+                probe: bool) -> None:
+        self.spent += seconds
+        if probe and replaced_seconds_per_token is not None:
+            self.lost += max(0.0, seconds - tokens * replaced_seconds_per_token)
+
+
+def step_seconds(step: StepRecord) -> float:
+    """All a step cost, the drafter's catch-up included."""
+    return step.target_seconds + step.draft_seconds + step.sync_seconds + step.other_seconds
+
+
 def screen_timing(new: float, estimate: float) -> tuple[float, bool]:
     """Timings are only ever inflated (cold kernels for a new shape, stalls). Returns the
     sample to use, capped at twice the estimate so one stall cannot swing the cost model, and
@@ -73,6 +100,9 @@ class DraftLengthController:
     overhead_seconds: dict[bool, float] = field(default_factory=dict)  # keyed by K > 0
     plain_streak: int = 0
     probe_gap: int = 0  # current gap between probes (0: not yet set)
+    kept_evidence: float = 4.0
+    budget: ProbeBudget = field(default_factory=ProbeBudget)
+    probing: bool = False  # the step chosen last is a probe
 
     @property
     def acceptance(self) -> float:
@@ -112,9 +142,13 @@ class DraftLengthController:
 
     def start_sequence(self) -> None:
         """A new text: costs carry over, but its acceptance may differ, so the old evidence
-        is halved and, if plain steps were winning, the first step probes again."""
-        self.accepted_count *= 0.5
-        self.rejected_count *= 0.5
+        is halved (but kept at `kept_evidence` steps' worth at least: else the prior, not the
+        drafts' failures, decides the next text's first steps) and, if plain steps were
+        winning, the first step probes again."""
+        evidence = self.accepted_count + self.rejected_count
+        scale = max(0.5, min(1.0, self.kept_evidence / evidence)) if evidence else 1.0
+        self.accepted_count *= scale
+        self.rejected_count *= scale
         self.probe_gap = self.probe_every
         self.plain_streak = self.probe_every
 
@@ -126,6 +160,7 @@ class DraftLengthController:
         upper = min(self.max_k, limit)
         if upper == 0:
             return 0
+        self.probing = False
         if not self.target_seconds or self.draft_seconds_per_token is None:
             return min(upper, 4)  # first step: measure a speculative step
         def rate(k: int) -> float:
@@ -138,9 +173,10 @@ class DraftLengthController:
             self.plain_streak, self.probe_gap = 0, self.probe_every
             return best
         self.plain_streak += 1
-        if self.plain_streak >= (self.probe_gap or self.probe_every):
+        if self.plain_streak >= (self.probe_gap or self.probe_every) and self.budget.allows():
             self.plain_streak = 0
             self.probe_gap = min(2 * (self.probe_gap or self.probe_every), self.max_probe_every)
+            self.probing = True
             return min(self.probe_k, upper)
         return 0
 
@@ -171,6 +207,8 @@ class DraftLengthController:
 
     def observe(self, step: StepRecord) -> None:
         k, target_seconds, overhead_seconds = step.drafted, step.target_seconds, step.other_seconds
+        plain = self.step_cost(0) if 0 in self.target_seconds else None
+        self.budget.observe(step_seconds(step), step.accepted + 1, plain, self.probing)
 
         def ema(old: float | None, new: float) -> float:
             if old is None:
@@ -220,6 +258,8 @@ class TreeSizeController:
     since_probe: int = 0
     probes: int = 0
     since_plain: int = 0
+    budget: ProbeBudget = field(default_factory=ProbeBudget)
+    probing: bool = False  # the size chosen last is a probe of a neighbour of the best
 
     def start_sequence(self) -> None:
         """A new text: acceptance may differ, so a neighbour of the best is probed soon."""
@@ -232,6 +272,7 @@ class TreeSizeController:
     def choose(self, limit: int) -> int:
         if self.fixed_size is not None:
             return self.fixed_size if self.fixed_size <= limit else 0
+        self.probing = False
         allowed = sorted(s for s in set(self.sizes) | {0} if s <= limit)
         for size in allowed:  # explored smallest first (plain first of all)
             if self.samples.get(size, 0) < self.min_samples:
@@ -245,13 +286,14 @@ class TreeSizeController:
         if best != 0 and self.since_plain > self.plain_every:
             return 0  # the baseline every tree must beat: keep its cost current
         self.since_probe += 1
-        if self.since_probe >= self.probe_gap:
+        if self.since_probe >= self.probe_gap and self.budget.allows():
             self.since_probe = 0
             self.probe_gap = min(2 * self.probe_gap, self.max_probe_every)
             i = allowed.index(best)
             neighbours = allowed[max(0, i - 1):i] + allowed[i + 1:i + 2]
             if neighbours:
                 self.probes += 1
+                self.probing = True
                 return neighbours[self.probes % len(neighbours)]
         return best
 
@@ -288,6 +330,9 @@ class TreeSizeController:
         chosen = step.budget
         if chosen == 0:
             self.since_plain = 0
+        best_rate = self.rate(self.best) if self.best is not None else 0.0
+        self.budget.observe(step_seconds(step), step.accepted + 1, 1 / best_rate if best_rate > 0 else None,
+                            self.probing)
         seconds = step.target_seconds + step.draft_seconds + step.other_seconds
         if chosen in self.weight:
             seconds, drop_old = screen_timing(seconds, self.seconds[chosen] / self.weight[chosen])
