@@ -62,8 +62,9 @@ def test_tree_controller_prefers_faster_option():
         k = c.choose(100)
         c.observe(record(k, k, tokens[k] - 1, seconds[k], 0.0, 0.0))
         picks.append(k)
-    assert picks[:4] == [0, 0, 4, 4]  # tries sizes upwards, a few steps each
-    assert sum(p == 4 for p in picks[3:]) / len(picks[3:]) > 0.85
+    n = c.min_samples
+    assert picks[:2 * n] == [0] * n + [4] * n  # tries sizes upwards, a few steps each
+    assert sum(p == 4 for p in picks[2 * n:]) / len(picks[2 * n:]) > 0.85
 
 
 def test_tree_controller_stays_plain_when_trees_lose():
@@ -79,8 +80,9 @@ def test_tree_controller_stays_plain_when_trees_lose():
         k = c.choose(100)
         c.observe(record(k, k, tokens[k] - 1, seconds[k], 0.0, 0.0))
         picks.append(k)
-    assert picks[:4] == [0, 0, 4, 4] and not {8, 16, 32} & set(picks)
-    assert sum(p == 0 for p in picks[4:]) / len(picks[4:]) > 0.98
+    n = c.min_samples
+    assert picks[:2 * n] == [0] * n + [4] * n and not {8, 16, 32} & set(picks)
+    assert sum(p == 0 for p in picks[2 * n:]) / len(picks[2 * n:]) > 0.98
 
 
 def test_tree_controller_ignores_one_stall():

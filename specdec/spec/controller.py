@@ -243,7 +243,9 @@ class TreeSizeController:
 
     sizes: list[int]
     fixed_size: int | None = None
-    min_samples: int = 2  # steps per size before judging it
+    # steps per size before judging it: with 2, a tree that ran 1.3x plain on SmolLM2 at T=0 lost
+    # its first judgment to a cold, unlucky pair of steps and stayed out for ~50 steps
+    min_samples: int = 4
     probe_every: int = 16  # steps between probes of a neighbour of the best; the gap
     max_probe_every: int = 128  # doubles while the best stays the same
     plain_every: int = 32  # while trees win, a plain step this often (a cheap re-measure)
