@@ -7,7 +7,7 @@ wall time less its prefill, from --json stats) per method and dtype and its rati
     python scripts/one_shot.py ... --seed 0    # every method writes the same (plain sampling's) text
     python scripts/one_shot.py --methods none,eagle,eagle@fresh ...   # @fresh: --no-memory
 
-Controller memory (specdec/spec/controller_memory.py): the calls share one memory file, new and
+Controller memory (specdec.spec.control.memory.py): the calls share one memory file, new and
 empty for each run (--memory-file names it), so a run starts cold and later calls start from
 what earlier calls of the same method, dtype and temperature learned, as a user's successive
 calls would; a method suffixed @fresh runs with --no-memory (every call starts blind).

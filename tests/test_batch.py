@@ -12,7 +12,7 @@ from specdec.engine.batch import BatchEngine
 from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
 from specdec.sampling import SamplingParams
-from specdec.spec.batch_controller import BatchDraftLength, CostTable
+from specdec.spec.control.batch_width import BatchDraftLength, CostTable
 from specdec.spec.verify import ChainVerdict
 
 from distribution import N_QUICK, NEW, PROMPT, interleaved_p_values, tiny_model_dir

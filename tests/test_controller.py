@@ -1,7 +1,8 @@
 """The adaptive draft-length controller, on synthetic costs and acceptance."""
 import random
 
-from specdec.spec.controller import DraftLengthController, TreeSizeController
+from specdec.spec.control.draft_length import DraftLengthController
+from specdec.spec.control.tree_size import TreeSizeController
 from specdec.stats import StepRecord
 
 
@@ -205,7 +206,7 @@ def test_probing_costs_at_most_a_few_percent_however_many_sequences_start():
     probing (a probe every ~16 steps of short requests: ~7% slower than plain); the probe
     budget keeps the loss within ~2-3% of the time, for chains and trees alike (a chain's
     evidence is also no longer halved below a few steps' worth by each new sequence)."""
-    from specdec.spec.controller import ProbeBudget
+    from specdec.spec.control.base import ProbeBudget
 
     for make in (lambda: DraftLengthController(max_k=8), lambda: TreeSizeController(sizes=[2, 4, 8])):
         assert probing_overhead(make()) < 0.03

@@ -1,4 +1,4 @@
-"""Controller memory (specdec/spec/controller_memory.py): what the draft-length and tree-size
+"""Controller memory (specdec.spec.control.memory.py): what the draft-length and tree-size
 controllers learned carries over to the next process, so a fresh process with a drafter that
 does not pay here drafts far less than one starting blind; damaged or missing files only mean
 a fresh start; output never depends on it."""
@@ -11,8 +11,9 @@ from test_controller import record, simulate
 import specdec
 from specdec.engine.controllers import sampling_key
 from specdec.sampling import SamplingParams
-from specdec.spec.controller import DraftLengthController, TreeSizeController
-from specdec.spec.controller_memory import ENV_VAR, MAX_ENTRIES, ControllerMemory, default_path
+from specdec.spec.control.draft_length import DraftLengthController
+from specdec.spec.control.memory import ENV_VAR, MAX_ENTRIES, ControllerMemory, default_path
+from specdec.spec.control.tree_size import TreeSizeController
 
 COSTS = {0: 1.0, 1: 1.05, 2: 1.1, 4: 1.2, 8: 1.4}
 

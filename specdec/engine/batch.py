@@ -16,7 +16,7 @@ A step:
    does (verdicts.chain_verdict), rolls its slot back past its rejected drafts, and applies its
    stop rules (EOS, stop strings, max tokens, context).
 
-K: one per step for the whole batch (batch_controller.py), from the measured costs of
+K: one per step for the whole batch (spec/control/batch_width.py), from the measured costs of
 batched passes and each sequence's acceptance (its own DraftLengthController); a sequence
 drafts min(K, what it can), and K is capped at max_rows // n - 1 for n sequences in the
 pass (attention pads to the widest). A fixed K (draft_tokens) is used as is.
@@ -44,7 +44,7 @@ from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
 from specdec.sampling import SamplingParams
 from specdec.sampling.logprobs import last_entries, token_logprobs
-from specdec.spec.controller import Controller
+from specdec.spec.control.base import Controller
 from specdec.spec.verify import tree_attention_mask
 from specdec.stats import StepRecord
 

@@ -1,7 +1,7 @@
 """What each sequence of a batched step drafts (the drafting half of engine/batch.py): the
 drafters a batch offers (prompt lookup per sequence, the draft model's batched slots; a tree
 method's head or a draft with another tokenizer forked per sequence), how many drafts each
-sequence may take, the chains' one K from measured batched pass costs (spec/batch_controller.py;
+sequence may take, the chains' one K from measured batched pass costs (spec/control/batch_width.py;
 trees size themselves with their sequence's controller), and the proposals, the draft model's
 sequences together in batched passes (spec/proposers/batch_draft.py)."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ from specdec.engine.sequence import Sequence
 from specdec.engine.single import Engine
 from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
-from specdec.spec.batch_controller import BatchDraftLength
-from specdec.spec.controller import TreeSizeController
+from specdec.spec.control.batch_width import BatchDraftLength
+from specdec.spec.control.tree_size import TreeSizeController
 from specdec.spec.proposers.base import Proposal, Proposer
 from specdec.spec.proposers.batch_draft import BatchDraftModel, DraftRequest
 from specdec.spec.proposers.draft_model import DraftModelProposer
@@ -199,7 +199,7 @@ class BatchDrafting:
 
     def choose_k(self, entries: list[BatchEntry], ready: list[int], limits: list[int]) -> int:
         """The chains' K: a fixed K (draft_tokens), else the batch's K from measured costs
-        (batch_controller.py). Trees size themselves (their sequence's controller)."""
+        (spec/control/batch_width.py). Trees size themselves (their sequence's controller)."""
         if self.engine.fixed_draft_tokens is not None:
             return self.engine.fixed_draft_tokens
         chains = [(slot, lim) for slot, lim in zip(ready, limits) if not entries[slot].tree]

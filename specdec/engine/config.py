@@ -55,7 +55,7 @@ class DecoderConfig:
     # with the fastest kernels (exact=True is refused)
     compile: bool = False
     # the draft-length / tree-size controllers start from what earlier processes learned with this
-    # setup on this machine and leave what they learn (controller_memory.py); a path: that file;
+    # setup on this machine and leave what they learn (control/memory.py); a path: that file;
     # False: nothing kept. Output never depends on it.
     memory: bool | str | Path = True
     # a GGUF draft's one-value-a-byte projections rounded to 4 bits (None: on for drafts on a

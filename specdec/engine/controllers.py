@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from specdec.sampling import SamplingParams
-from specdec.spec.controller import Controller
-from specdec.spec.controller_memory import ControllerMemory, machine_key
+from specdec.spec.control.base import Controller
+from specdec.spec.control.memory import ControllerMemory, machine_key
 
 MAX_SETTINGS = 64  # controllers kept; the oldest setting goes first
 

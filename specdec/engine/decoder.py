@@ -24,7 +24,7 @@ from specdec.models.bundled import DEFAULT_TARGET, default_head, default_quantiz
 from specdec.models.gguf import release_readers
 from specdec.sampling import SamplingParams
 from specdec.sampling.grammar import Grammar, grammar_from_response_format
-from specdec.spec.controller_memory import ControllerMemory, default_path
+from specdec.spec.control.memory import ControllerMemory, default_path
 from specdec.spec.proposers import DraftModelProposer, PromptLookupProposer
 from specdec.spec.proposers.cross_vocab import cross_vocab_proposer
 from specdec.spec.proposers.vocab_map import same_tokenizer

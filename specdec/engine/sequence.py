@@ -12,7 +12,7 @@ from specdec.sampling import SamplingParams
 from specdec.sampling.logprobs import TokenLogprob
 from specdec.sampling.penalties import TokenHistory
 from specdec.sampling.seeded import PositionNoise
-from specdec.spec.controller import Controller
+from specdec.spec.control.base import Controller
 from specdec.spec.verify import TorchRandom
 from specdec.stats import GenerationStats, StepRecord
 

@@ -25,8 +25,10 @@ from specdec.sampling.logprobs import last_entries, token_logprobs
 from specdec.sampling.penalties import history_for
 from specdec.sampling.seeded import PositionNoise
 from specdec.spec.calibrate import PassCosts, measure_pass_costs
-from specdec.spec.controller import Controller, DraftLengthController, TreeSizeController
-from specdec.spec.controller_memory import ControllerMemory
+from specdec.spec.control.base import Controller
+from specdec.spec.control.draft_length import DraftLengthController
+from specdec.spec.control.memory import ControllerMemory
+from specdec.spec.control.tree_size import TreeSizeController
 from specdec.spec.proposers.base import Proposal, Proposer
 from specdec.spec.verify import (
     TorchRandom,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from specdec.spec.controller import screen_timing
+from specdec.spec.control.base import screen_timing
 
 
 @dataclass

@@ -1,0 +1,165 @@
+"""Adaptive draft length: each step pick the K (0 = a plain step) that maximises expected
+tokens per second, from measured costs and a running estimate of the per-token acceptance.
+
+Expected tokens from a step with K drafts, if each draft survives with probability a given
+its predecessors did: 1 + a + ... + a^K = (1 - a^(K+1)) / (1 - a). Cost of the step:
+target forward over K+1 tokens + K draft tokens + per-step overhead, all measured online."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec.spec.control.base import ProbeBudget, floats, keyed, screen_timing, step_seconds
+from specdec.stats import StepRecord
+
+
+@dataclass
+class DraftLengthController:
+    max_k: int = 8
+    fixed_k: int | None = None  # a fixed K disables adaptation
+    prior_acceptance: float = 0.6
+    prior_weight: float = 1.0
+    min_gain: float = 1.03  # drafting must beat a plain step by this much: estimates are noisy
+    decay: float = 0.9  # forgetting per observation: acceptance drifts with the text
+    probe_every: int = 20  # when plain steps win, still draft now and then to track acceptance;
+    max_probe_every: int = 160  # the gap doubles while plain keeps winning
+    probe_k: int = 2
+    time_decay: float = 0.8
+    accepted_count: float = 0.0
+    rejected_count: float = 0.0
+    target_seconds: dict[int, float] = field(default_factory=dict)  # EMA by K
+    stale_after: int = 32  # a K >= 1 not drafted in this many speculative steps is forgotten
+    speculative_steps: int = 0
+    last_drafted: dict[int, int] = field(default_factory=dict)  # K -> speculative step it last ran
+    draft_seconds_per_token: float | None = None
+    overhead_seconds: dict[bool, float] = field(default_factory=dict)  # keyed by K > 0
+    plain_streak: int = 0
+    probe_gap: int = 0  # current gap between probes (0: not yet set)
+    kept_evidence: float = 4.0
+    budget: ProbeBudget = field(default_factory=ProbeBudget)
+    probing: bool = False  # the step chosen last is a probe
+
+    @property
+    def acceptance(self) -> float:
+        a = ((self.accepted_count + self.prior_weight * self.prior_acceptance)
+             / (self.accepted_count + self.rejected_count + self.prior_weight))
+        return min(a, 0.999)
+
+    def expected_tokens(self, k: int) -> float:
+        a = self.acceptance
+        return (1 - a ** (k + 1)) / (1 - a)
+
+    def target_time(self, k: int) -> float:
+        """Measured EMA for K, else a line through the measured K >= 1 points. A 1-token pass
+        (K = 0) is kept out of the fit: on CPUs it often takes a faster matrix-vector path."""
+        if k in self.target_seconds:
+            return self.target_seconds[k]
+        pts = sorted((kk, t) for kk, t in self.target_seconds.items() if kk >= 1)
+        if k == 0:
+            return pts[0][1] if pts else 0.0
+        if not pts:
+            return self.target_seconds.get(0, 0.0) * 1.3
+        if len(pts) == 1:
+            k1, t1 = pts[0]
+            return t1 * (1 + 0.05 * (k - k1))
+        n = len(pts)
+        mk = sum(p[0] for p in pts) / n
+        mt = sum(p[1] for p in pts) / n
+        var = sum((p[0] - mk) ** 2 for p in pts)
+        slope = max(0.0, sum((p[0] - mk) * (p[1] - mt) for p in pts) / var)
+        return max(mt + slope * (k - mk), min(p[1] for p in pts))
+
+    def step_cost(self, k: int) -> float:
+        cost = self.target_time(k) + self.overhead_seconds.get(k > 0, 0.0)
+        if k > 0:
+            cost += k * (self.draft_seconds_per_token or 0.0)
+        return cost
+
+    def start_sequence(self) -> None:
+        """A new text: costs carry over, but its acceptance may differ, so the old evidence
+        is halved (but kept at `kept_evidence` steps' worth at least: else the prior, not the
+        drafts' failures, decides the next text's first steps) and, if plain steps were
+        winning, the first step probes again."""
+        evidence = self.accepted_count + self.rejected_count
+        scale = max(0.5, min(1.0, self.kept_evidence / evidence)) if evidence else 1.0
+        self.accepted_count *= scale
+        self.rejected_count *= scale
+        self.probe_gap = self.probe_every
+        self.plain_streak = self.probe_every
+
+    def choose(self, limit: int) -> int:
+        """K for the next step, at most `limit` (tokens left, cache room)."""
+        limit = max(0, limit)
+        if self.fixed_k is not None:
+            return min(self.fixed_k, limit)
+        upper = min(self.max_k, limit)
+        if upper == 0:
+            return 0
+        self.probing = False
+        if not self.target_seconds or self.draft_seconds_per_token is None:
+            return min(upper, 4)  # first step: measure a speculative step
+        def rate(k: int) -> float:
+            return self.expected_tokens(k) / self.step_cost(k)
+
+        best = max(range(1, upper + 1), key=rate)
+        if rate(best) < self.min_gain * rate(0):
+            best = 0
+        if best > 0:
+            self.plain_streak, self.probe_gap = 0, self.probe_every
+            return best
+        self.plain_streak += 1
+        if self.plain_streak >= (self.probe_gap or self.probe_every) and self.budget.allows():
+            self.plain_streak = 0
+            self.probe_gap = min(2 * (self.probe_gap or self.probe_every), self.max_probe_every)
+            self.probing = True
+            return min(self.probe_k, upper)
+        return 0
+
+    def memory(self) -> dict:
+        """What a later process should start from (control/memory.py): acceptance evidence
+        and measured costs (a new sequence resets the probe gap anyway)."""
+        return {"accepted": self.accepted_count, "rejected": self.rejected_count,
+                "target_seconds": keyed(self.target_seconds),
+                "draft_seconds_per_token": self.draft_seconds_per_token,
+                "overhead_seconds": keyed(self.overhead_seconds)}
+
+    def recall(self, memory: dict) -> None:
+        """Start from an earlier process's state. Costs timed in this process (calibration)
+        are kept over recalled ones. Raises ValueError/TypeError/KeyError on a damaged entry,
+        before changing anything."""
+        accepted, rejected = float(memory["accepted"]), float(memory["rejected"])
+        target_seconds = floats(memory["target_seconds"], set(range(self.max_k + 1)))
+        overhead = floats(memory["overhead_seconds"], {0, 1})
+        draft = memory["draft_seconds_per_token"]
+        draft = None if draft is None else floats({0: draft})[0]
+        if min(accepted, rejected) < 0:
+            raise ValueError("negative count in a recalled controller state")
+        self.accepted_count, self.rejected_count = accepted, rejected
+        self.target_seconds = target_seconds | self.target_seconds
+        self.overhead_seconds = {bool(k): v for k, v in overhead.items()} | self.overhead_seconds
+        if self.draft_seconds_per_token is None:
+            self.draft_seconds_per_token = draft
+
+    def observe(self, step: StepRecord) -> None:
+        k, target_seconds, overhead_seconds = step.drafted, step.target_seconds, step.other_seconds
+        plain = self.step_cost(0) if 0 in self.target_seconds else None
+        self.budget.observe(step_seconds(step), step.accepted + 1, plain, self.probing)
+
+        def ema(old: float | None, new: float) -> float:
+            if old is None:
+                return new
+            new, drop_old = screen_timing(new, old)
+            return new if drop_old else self.time_decay * old + (1 - self.time_decay) * new
+
+        self.target_seconds[k] = ema(self.target_seconds.get(k), target_seconds)
+        self.overhead_seconds[k > 0] = ema(self.overhead_seconds.get(k > 0), overhead_seconds)
+        if k > 0:
+            # forget other K's timings once stale (e.g. one cold first pass), so the cost line
+            # is fitted to what runs now
+            self.speculative_steps += 1
+            self.last_drafted[k] = self.speculative_steps
+            for old_k, at in list(self.last_drafted.items()):
+                if self.speculative_steps - at > self.stale_after:
+                    del self.last_drafted[old_k], self.target_seconds[old_k]
+            self.draft_seconds_per_token = ema(self.draft_seconds_per_token, step.draft_seconds / k)
+            self.accepted_count = self.decay * self.accepted_count + step.accepted
+            self.rejected_count = self.decay * self.rejected_count + (1 if step.accepted < k else 0)
