@@ -24,14 +24,15 @@ from specdec.engine.loading import load_runner
 from specdec.engine.text import TextTokenizer
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams, final_probs
-from specdec.spec.proposers.cross_vocab import (
-    CrossVocabProposer,
-    cross_vocab_proposer,
+from specdec.spec.proposers.cross_vocab import CrossVocabProposer, cross_vocab_proposer, shared_distribution
+from specdec.spec.proposers.vocab_map import (
+    build_vocab_map,
+    byte_level_alphabet,
+    check_overlap,
     incomplete_tail,
-    shared_distribution,
+    token_bytes,
     utf8_runs,
 )
-from specdec.spec.proposers.vocab_map import build_vocab_map, byte_level_alphabet, check_overlap, token_bytes
 from specdec.spec.verify import verify_rejection
 
 from distribution import N_QUICK, N_SLOW, TINY, p_value

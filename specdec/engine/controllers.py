@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from specdec.sampling import SamplingParams
+from specdec.spec.calibrate import PassCosts
 from specdec.spec.control.base import Controller
+from specdec.spec.control.draft_length import DraftLengthController
 from specdec.spec.control.memory import ControllerMemory, machine_key
+from specdec.spec.control.tree_size import TreeSizeController
 
 MAX_SETTINGS = 64  # controllers kept; the oldest setting goes first
 
@@ -17,6 +20,19 @@ def sampling_key(params: SamplingParams) -> tuple:
     return (params.temperature, params.top_k, params.top_p, params.min_p, params.presence_penalty,
             params.frequency_penalty, params.repetition_penalty, params.logit_bias, params.grammar is not None,
             params.drafter_invariant)
+
+
+def new_controller(tree_sizes: list[int] | None, max_draft_tokens: int, fixed: int | None,
+                   pass_costs: PassCosts | None) -> Controller:
+    """A fresh controller: a tree size controller over tree_sizes (tree drafters), else a draft
+    length controller starting from the calibrated pass costs."""
+    if tree_sizes is not None:
+        return TreeSizeController(tree_sizes, fixed_size=fixed)
+    controller = DraftLengthController(max_k=max_draft_tokens, fixed_k=fixed)
+    if pass_costs is not None:
+        controller.target_seconds = dict(pass_costs.target_seconds)
+        controller.draft_seconds_per_token = pass_costs.draft_seconds_per_token
+    return controller
 
 
 class ControllerBank:

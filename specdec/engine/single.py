@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
-from specdec.engine.controllers import ControllerBank
+from specdec.engine.controllers import ControllerBank, new_controller
 from specdec.engine.sequence import GenerationResult, Sequence, StreamChunk
 from specdec.engine.text import TextStream, TextTokenizer
-from specdec.engine.verdicts import chain_verdict, tree_verdict
+from specdec.engine.verdicts import Verified, chain_verdict, tree_verdict
 from specdec.errors import SpecdecError
 from specdec.models.cache import shared_prefix
 from specdec.models.runner import Runner
@@ -26,26 +25,10 @@ from specdec.sampling.penalties import history_for
 from specdec.sampling.seeded import PositionNoise
 from specdec.spec.calibrate import PassCosts, measure_pass_costs
 from specdec.spec.control.base import Controller
-from specdec.spec.control.draft_length import DraftLengthController
 from specdec.spec.control.memory import ControllerMemory
-from specdec.spec.control.tree_size import TreeSizeController
 from specdec.spec.proposers.base import Proposal, Proposer
-from specdec.spec.verify import (
-    TorchRandom,
-    tree_attention_mask,
-    tree_depths,
-)
+from specdec.spec.verify import TorchRandom, tree_attention_mask, tree_depths
 from specdec.stats import GenerationStats, StepRecord
-
-
-@dataclass
-class Verified:
-    """What the target's pass kept of one proposal."""
-    new_tokens: list[int]  # accepted drafts + the target's own token
-    num_accepted: int
-    kept: list[int]  # rows of the verify pass that stay in the cache
-    target_seconds: float
-    logits: torch.Tensor | None = None  # the pass's logits: row kept[j] predicted new_tokens[j]
 
 
 class Engine:
@@ -125,13 +108,8 @@ class Engine:
         this engine's is: a batch mixes methods)."""
         if tree is None:
             tree = self.proposer is not None and self.proposer.shape == "tree"
-        if tree:
-            return TreeSizeController(self.proposer.tree_sizes, fixed_size=self.fixed_draft_tokens)
-        controller = DraftLengthController(max_k=self.max_draft_tokens, fixed_k=self.fixed_draft_tokens)
-        if self.pass_costs is not None:
-            controller.target_seconds = dict(self.pass_costs.target_seconds)
-            controller.draft_seconds_per_token = self.pass_costs.draft_seconds_per_token
-        return controller
+        return new_controller(self.proposer.tree_sizes if tree else None, self.max_draft_tokens,
+                              self.fixed_draft_tokens, self.pass_costs)
 
     @property
     def grammars(self) -> GrammarCompiler:

@@ -4,6 +4,8 @@ rejection sampling, for a chain or a tree. Shared by both decode loops, so a seq
 verified alike alone and in a batch."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from specdec.engine.sequence import Sequence
@@ -22,6 +24,16 @@ from specdec.spec.verify import (
     verify_tree_sampling,
     verify_tree_typical,
 )
+
+
+@dataclass
+class Verified:
+    """What the target's pass kept of one proposal."""
+    new_tokens: list[int]  # accepted drafts + the target's own token
+    num_accepted: int
+    kept: list[int]  # rows of the verify pass that stay in the cache
+    target_seconds: float
+    logits: torch.Tensor | None = None  # the pass's logits: row kept[j] predicted new_tokens[j]
 
 
 def chain_verdict(seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> ChainVerdict:

@@ -37,45 +37,14 @@ from specdec.spec.proposers.vocab_map import (
     build_vocab_map,
     check_overlap,
     check_round_trip,
+    incomplete_tail,
     special_ids,
     token_bytes,
+    utf8_runs,
+    valid_prefix,
 )
 
 CROSS_VOCAB_MODES = ("auto", "tli", "string")
-
-
-def incomplete_tail(data: bytes) -> int:
-    """Length of a trailing UTF-8 character still missing bytes (a lead byte followed by
-    fewer continuation bytes than it announces): bytes that a later token may complete."""
-    for back in range(1, min(4, len(data)) + 1):
-        b = data[-back]
-        if b & 0xC0 == 0x80:
-            continue  # a continuation byte: look further back for its lead byte
-        need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
-        return back if need > back else 0
-    return 0
-
-
-def utf8_runs(data: bytes) -> list[tuple[bytes, bool]]:
-    """data cut into runs of valid UTF-8 (True) and of bytes that are not (False)."""
-    runs = []
-    while data:
-        try:
-            data.decode()
-            runs.append((data, True))
-            break
-        except UnicodeDecodeError as e:
-            if e.start:
-                runs.append((data[:e.start], True))
-            runs.append((data[e.start:e.end], False))
-            data = data[e.end:]
-    return runs
-
-
-def valid_prefix(data: bytes) -> str:
-    """The text of data up to its first byte that is not valid UTF-8."""
-    runs = utf8_runs(data)
-    return runs[0][0].decode() if runs and runs[0][1] else ""
 
 
 def shared_distribution(shared_logits: torch.Tensor, vmap: VocabMap,

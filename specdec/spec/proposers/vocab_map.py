@@ -154,3 +154,39 @@ def same_tokenizer(a: Tokenizer, b: Tokenizer) -> bool:
     """Same tokens with the same ids: the draft's tokens are the target's."""
     return a.get_vocab_size() == b.get_vocab_size() and a.get_vocab(with_added_tokens=True) == b.get_vocab(
         with_added_tokens=True)
+
+
+# Byte strings at UTF-8 character bounds (a token's bytes may end inside a character)
+
+def incomplete_tail(data: bytes) -> int:
+    """Length of a trailing UTF-8 character still missing bytes (a lead byte followed by
+    fewer continuation bytes than it announces): bytes that a later token may complete."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b & 0xC0 == 0x80:
+            continue  # a continuation byte: look further back for its lead byte
+        need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
+        return back if need > back else 0
+    return 0
+
+
+def utf8_runs(data: bytes) -> list[tuple[bytes, bool]]:
+    """data cut into runs of valid UTF-8 (True) and of bytes that are not (False)."""
+    runs = []
+    while data:
+        try:
+            data.decode()
+            runs.append((data, True))
+            break
+        except UnicodeDecodeError as e:
+            if e.start:
+                runs.append((data[:e.start], True))
+            runs.append((data[e.start:e.end], False))
+            data = data[e.end:]
+    return runs
+
+
+def valid_prefix(data: bytes) -> str:
+    """The text of data up to its first byte that is not valid UTF-8."""
+    runs = utf8_runs(data)
+    return runs[0][0].decode() if runs and runs[0][1] else ""
