@@ -202,7 +202,7 @@ class BatchEngine:
                 continue
             seq, t0 = entry.seq, time.perf_counter()
             ids = seq.prompt_ids[entry.prefilled:min(entry.prefilled + self.prefill_chunk, len(seq.prompt_ids) - 1)]
-            logits = self.runner.extend_slot(slot, ids, self.engine.exact_for(seq) and self.runner.exact_is_free,
+            logits = self.runner.extend_slot(slot, ids, self.engine.exact_prefill(seq),
                                              want_logits=seq.params.prompt_logprobs is not None)
             if entry.method == "draft" and self.draft is not None:
                 self.draft.prefill(slot, ids)

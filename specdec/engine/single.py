@@ -152,7 +152,7 @@ class Engine:
             self.proposer.reset(prompt_ids)
         if len(prompt_ids) - 1 > reused:
             logits = self.target.extend(prompt_ids[reused:-1], want_hidden=self.needs_hidden,
-                                        exact=self.exact_for(seq) and self.target.exact_is_free,
+                                        exact=self.exact_prefill(seq),
                                         want_logits=params.prompt_logprobs is not None)
             if params.prompt_logprobs is not None:
                 seq.prompt_logprobs += token_logprobs(logits, prompt_ids[1:], params.prompt_logprobs)
@@ -239,6 +239,10 @@ class Engine:
     def exact_for(self, seq: Sequence) -> bool:
         """Whether seq's target passes use the exact (batch-invariant) kernels."""
         return self.exact and (seq.params.greedy or seq.noise is not None)
+
+    def exact_prefill(self, seq: Sequence) -> bool:
+        """Exact prompt passes where free: prompt rows then never depend on a timing at load."""
+        return self.exact_for(seq) and self.target.exact_is_free
 
     def _target_pass(self, ids: list[int], seq: Sequence, **kwargs) -> tuple[torch.Tensor, float]:
         """Exact (batch-invariant) kernels where the output is a deterministic function of the

@@ -169,10 +169,6 @@ class BatchRunner:
     def length(self, slot: int) -> int:
         return self.cache.lengths[slot]
 
-    @property
-    def exact_is_free(self) -> bool:
-        return self.model.exact_is_free
-
     @torch.inference_mode()
     def extend(self, ids: list[list[int]], exact: list[bool] | None = None,
                trees: list[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
