@@ -88,13 +88,12 @@ class DraftLengthController:
 
     def choose(self, limit: int) -> int:
         """K for the next step, at most `limit` (tokens left, cache room)."""
-        limit = max(0, limit)
+        limit, self.probing = max(0, limit), False  # a probe only if chosen as one below
         if self.fixed_k is not None:
             return min(self.fixed_k, limit)
         upper = min(self.max_k, limit)
         if upper == 0:
             return 0
-        self.probing = False
         if not self.target_seconds or self.draft_seconds_per_token is None:
             return min(upper, 4)  # first step: measure a speculative step
         def rate(k: int) -> float:

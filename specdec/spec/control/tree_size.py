@@ -49,9 +49,9 @@ class TreeSizeController:
         return self.tokens[size] / self.seconds[size] if self.seconds.get(size) else 0.0
 
     def choose(self, limit: int) -> int:
+        self.probing = False  # a probe only if chosen as one below
         if self.fixed_size is not None:
             return self.fixed_size if self.fixed_size <= limit else 0
-        self.probing = False
         allowed = sorted(s for s in set(self.sizes) | {0} if s <= limit)
         for size in allowed:  # explored smallest first (plain first of all)
             if self.samples.get(size, 0) < self.min_samples:
