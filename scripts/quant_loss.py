@@ -1,5 +1,6 @@
-"""Held-out loss of the target in bfloat16 and quantized (int8, int4 at several group sizes):
-the quality each --quantize setting costs. Text: the held-out CPython stdlib files (never
+"""Held-out loss of the target in bfloat16 and quantized (int8, int4 at several group sizes; on
+the grouped kernels, as --quantize loads them, and on PyTorch's weight-only kernels, as
+--quantize with --compile does): the quality each setting costs. Text: the held-out CPython stdlib files (never
 trained on by the bundled models, and the same files the bench prompts come from), cut into
 windows; loss in nats per token, plus how often the quantized model's argmax equals bf16's.
 
@@ -13,6 +14,8 @@ import torch
 from specdec.data.corpus import split_files, stdlib_root
 from specdec.engine.loading import load_runner
 from specdec.engine.text import TextTokenizer
+from specdec.models.checkpoint import load_native
+from specdec.models.quant import quantize_model
 
 
 def windows(target: str, count: int, length: int) -> torch.Tensor:
@@ -43,15 +46,19 @@ def main() -> None:
     length = int(sys.argv[3]) if len(sys.argv) > 3 else 512
     batch = windows(target, count, length)
     # a group size that does not divide a weight's inputs falls back to one that does (quant.group_for)
-    settings = [(None, 0), ("int8", 0), ("int4", 32), ("int4", 64), ("int4", 128)]
+    settings = [(None, 0, "grouped"), ("int8", 32, "grouped"), ("int8", 0, "torch"), ("int4", 32, "grouped"),
+                ("int4", 32, "torch"), ("int4", 64, "torch"), ("int4", 128, "torch")]
     reference = None
-    for mode, group in settings:
-        model = load_runner(target, "bfloat16", quantize=mode, group_size=group or 32).model
+    for mode, group, kernels in settings:
+        if kernels == "torch":  # PyTorch's weight-only kernels (models/quant.py)
+            model = quantize_model(load_native(target, "bfloat16").fuse_projections(), mode, group or 32)
+        else:
+            model = load_runner(target, "bfloat16", quantize=mode, group_size=group or 32).model
         loss, argmax = evaluate(model, batch)
         reference = argmax if reference is None else reference
         agree = (argmax == reference).float().mean().item()
-        name = "bfloat16" if mode is None else mode if mode == "int8" else f"int4 group {group}"
-        print(f"{name:16s} held-out loss {loss:.4f} nats/token (ppl {math.exp(loss):.3f}), "
+        name = "bfloat16" if mode is None else f"{mode} group {group or 'row'} ({kernels})"
+        print(f"{name:26s} held-out loss {loss:.4f} nats/token (ppl {math.exp(loss):.3f}), "
               f"argmax = bf16's {agree:.3f}, {batch.numel()} tokens", flush=True)
 
 

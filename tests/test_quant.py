@@ -1,4 +1,5 @@
-"""Weight-only quantization (specdec/models/quant.py): the kernels are row-invariant (so exact
+"""Weight-only quantization (specdec/models/quant.py, and --quantize's loading onto the grouped
+kernels, models/group_quant.py): the kernels are row-invariant (so exact
 mode holds for free), the quantized projections stay close to the float ones, every method is
 lossless with respect to the quantized target (greedy and seeded output identical to its plain
 decoding in bfloat16), and bad settings get clear errors."""
@@ -8,7 +9,8 @@ import torch
 import specdec
 from specdec.data.prompts import build_suite
 from specdec.errors import SpecdecError
-from specdec.models.quant import KERNEL_MAX_ROWS, QuantizedLinear, group_for
+from specdec.models.grouped import GroupedLinear
+from specdec.models.quant import KERNEL_MAX_ROWS, QuantizedLinear, check_quantizable, group_for
 
 from helpers import make_model_dir
 
@@ -75,8 +77,9 @@ def test_bad_quantization_settings_are_refused(tmp_path):
     folder = make_model_dir(tmp_path / "m", hidden_size=64, layers=1, heads=4, kv_heads=2)
     with pytest.raises(SpecdecError, match="unknown quantization 'int3'; choose from int8, int4"):
         specdec.load(folder, quantize="int3")
-    with pytest.raises(SpecdecError, match="int4 needs bfloat16 weights"):
-        specdec.load(folder, dtype="float32", quantize="int4")
+    # PyTorch's int4 kernel (--compile's path) takes bfloat16 only; the grouped kernels take float32 too
+    assert check_quantizable(torch.zeros(64, 64), "int4", 32) == "int4 needs bfloat16 weights (--dtype bfloat16)"
+    assert isinstance(specdec.load(folder, dtype="float32", quantize="int4").engine.target.model.lm_head, GroupedLinear)
     with pytest.raises(SpecdecError, match="group size 48"):
         specdec.load(folder, dtype="bfloat16", quantize="int4", group_size=48)
     with pytest.raises(SpecdecError, match="quantization needs the native runtime"):

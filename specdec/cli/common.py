@@ -73,12 +73,16 @@ def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHOD
 
 def add_quantize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", choices=LOAD_MODES, default=None,
-                   help="weight-only quantization of the target's (and draft model's) projections: int8 (per "
-                        "channel), int4 (per group, bfloat16 only), or gguf: a GGUF file's own blocks (Q4_K, "
+                   help="quantization of the target's (and draft model's) projections: int8 (Q8_0's rounding, "
+                        "groups of 32), int4 (scale and offset per group of 32), both on the grouped kernels with "
+                        "activations rounded to 8 bits as llama.cpp does (with --compile or another --group-size: "
+                        "PyTorch's weight-only kernels, int8 per channel, int4 bfloat16 only), or gguf: a GGUF "
+                        "file's own blocks (Q4_K, "
                         "Q6_K, Q5_0, Q8_0, ...) kept as they are, without a float copy (qwen-coder); "
                         "speculation is lossless w.r.t. the quantized model")
     p.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE,
-                   help=f"int4: inputs per scale (32, 64, 128 or 256; default {DEFAULT_GROUP_SIZE})")
+                   help=f"int4: inputs per scale (32, 64, 128 or 256; default {DEFAULT_GROUP_SIZE}: the grouped "
+                        "kernels' size)")
 
 
 def add_distribution_args(p: argparse.ArgumentParser, temperature: float = 0.0) -> None:

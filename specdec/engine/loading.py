@@ -10,6 +10,7 @@ import torch
 from specdec.errors import SpecdecError
 from specdec.models.checkpoint import load_native, open_model, parse_dtype
 from specdec.models.config import SUPPORTED_MODEL_TYPES
+from specdec.models.group_quant import group_quantizable, group_quantize_model
 from specdec.models.grouped import GroupedLinear, requantize_to_4bit
 from specdec.models.quant import DEFAULT_GROUP_SIZE, LOAD_MODES, quantize_model
 from specdec.models.runner import NativeRunner
@@ -19,7 +20,8 @@ def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: 
                 quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE, pack: bool = True,
                 compile: bool = False):
     """A runner for a model folder, a .gguf file (or a folder holding one) or a short name;
-    quantize: "int8" or "int4" weight-only quantization (native runtime, models/quant.py), or
+    quantize: "int8" or "int4" weights (native runtime: on the grouped kernels where they apply,
+    models/group_quant.py, else PyTorch's weight-only kernels, models/quant.py, as with compile), or
     "gguf": a GGUF's own quantized blocks, never dequantized to a float copy (models/grouped.py);
     pack: projection weights packed once for oneDNN (models/packed.py); compile: fast passes
     compiled by inductor, embedding to logits (native runtime, models/compiled.py)."""
@@ -48,7 +50,13 @@ def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: 
         return NativeRunner(load_grouped(source.gguf_file, parse_dtype(dtype)), max_len, pack=False)
     native = backend == "native" or (backend == "auto" and source.config().get("model_type") in SUPPORTED_MODEL_TYPES)
     if source.is_gguf or native:
-        runner = NativeRunner(load_native(source, dtype), max_len, pack=pack and quantize is None, compile=compile)
+        model = load_native(source, dtype)
+        if quantize is not None and not compile:
+            model = model.fuse_projections()
+            if group_quantizable(model, quantize, group_size) is None:  # the grouped kernels (group_quant.py)
+                group_quantize_model(model, quantize)
+                return NativeRunner(model, max_len, fuse=False, pack=False)
+        runner = NativeRunner(model, max_len, pack=pack and quantize is None, compile=compile)
         if quantize is not None:
             quantize_model(runner.model, quantize, group_size)
         return runner

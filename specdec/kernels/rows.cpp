@@ -740,20 +740,27 @@ int project(const Projection& p, const Y* x, int64_t M, int64_t K, Y* y) {
 }
 
 // out = weight * (x / rms(x)), the normalized value rounded before the weight as Hugging Face's
-// RMSNorm does, then the product rounded
+// RMSNorm does, then the product rounded; the sum of squares in dot_f32's order (8 lanes, then
+// the tail), read straight from x (no per-row copy inside the parallel loop)
 template <class Y>
 void rms_norm(const Y* x, const float* weight, int64_t M, int64_t H, float eps, Y* out) {
+    const int64_t H8 = H & ~int64_t(7);
     #pragma omp parallel for schedule(static) if (M > 1)
     for (int64_t m = 0; m < M; ++m) {
-        std::vector<float> row(H);
-        for (int64_t i = 0; i < H; ++i) row[i] = value(x + m * H + i);
-        const float inv = 1.0f / sqrtf(dot_f32(row.data(), row.data(), H) / float(H) + eps);
+        const Y* row = x + m * H;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t i = 0; i < H8; i += 8) {
+            const __m256 v = load8(row + i);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float squares = hsum(acc);
+        for (int64_t i = H8; i < H; ++i) squares = fmaf(value(row + i), value(row + i), squares);
+        const float inv = 1.0f / sqrtf(squares / float(H) + eps);
         const __m256 iv = _mm256_set1_ps(inv);
-        int64_t i = 0;
-        for (; i + 8 <= H; i += 8)
-            store8(out + m * H + i, _mm256_mul_ps(rounded8(_mm256_mul_ps(_mm256_loadu_ps(&row[i]), iv), out),
+        for (int64_t i = 0; i < H8; i += 8)
+            store8(out + m * H + i, _mm256_mul_ps(rounded8(_mm256_mul_ps(load8(row + i), iv), out),
                                                   _mm256_loadu_ps(weight + i)));
-        for (; i < H; ++i) store(out + m * H + i, rounded(row[i] * inv, out) * weight[i]);
+        for (int64_t i = H8; i < H; ++i) store(out + m * H + i, rounded(value(row + i) * inv, out) * weight[i]);
     }
 }
 

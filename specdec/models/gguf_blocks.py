@@ -196,12 +196,17 @@ def unpack(kind: str, data: np.ndarray, shape: tuple[int, int], rows_per_call: i
 
 
 def requantized_4bit(g: Grouped, rows_per_call: int = 4096) -> Grouped:
-    """g's weights rounded to 4 bits by groups of 32, with a scale and an offset a group in two
-    levels where K is a multiple of 128 (int8 a group times float32 per superblock of
-    super_width(K), as Q4_K: ~0.59 bytes a weight), else float32 ones (as Q4_1 with wider
-    scales: 0.75), against 1.25 for a one-value-a-byte format (Q5_0, Q8_0) unpacked here. For a
-    draft model, whose rounding only moves its proposals: verification keeps the output exact."""
-    N, K = g.shape
+    """g's weights rounded to 4 bits (four_bit), for a draft model whose values are stored a byte
+    each (Q5_0, Q8_0, Q6_K: 1.25 bytes a weight unpacked): its rounding only moves the draft's
+    proposals, verification keeps the output exact."""
+    return four_bit(g.dequantized, *g.shape, rows_per_call)
+
+
+def four_bit(weights, N: int, K: int, rows_per_call: int = 4096) -> Grouped:
+    """Weights [N, K] (weights(rows): float32 rows of a slice) rounded to 4 bits by groups of 32,
+    with a scale and an offset a group in two levels where K is a multiple of 128 (int8 a group
+    times float32 per superblock of super_width(K), as Q4_K: ~0.59 bytes a weight), else float32
+    ones (as Q4_1 with wider scales: 0.75)."""
     if K % 32:
         raise ValueError("4-bit groups of 32 need K a multiple of 32")
     two = K % 128 == 0
@@ -212,7 +217,7 @@ def requantized_4bit(g: Grouped, rows_per_call: int = 4096) -> Grouped:
     scale_super, offset_super = (torch.empty(N, K // S), torch.empty(N, K // S)) if two else (None, None)
     for start in range(0, N, rows_per_call):
         rows = slice(start, min(N, start + rows_per_call))
-        w = g.dequantized(rows).reshape(-1, K // 32, 32)
+        w = weights(rows).reshape(-1, K // 32, 32)
         low, high = w.amin(-1), w.amax(-1)  # [n, K / 32]
         d, m = (high - low) / 15, low
         if two:  # int8 factors of a float32 per superblock, the offset rounded down and the step

@@ -1,6 +1,9 @@
 """Weight-only int8 / int4 quantization of a loaded model's projections, on PyTorch's own CPU
 kernels (gpt-fast's approach): decoding reads every weight once per pass, so halving (int8)
-or quartering (int4) the bytes read is what makes a memory-bound pass faster.
+or quartering (int4) the bytes read is what makes a memory-bound pass faster. `--quantize`
+loads onto the grouped kernels instead where they apply (models/group_quant.py); this is the
+path of `--compile` (inductor lowers these ops), of int4 groups other than 32, and of CPUs
+without the kernels.
 
 - int8: symmetric, one scale per output channel (kernels/torch_private.py).
 - int4: asymmetric, one scale and zero per group of `group_size` inputs
