@@ -24,6 +24,7 @@ from specdec.errors import SpecdecError
 from specdec.kernels import build
 from specdec.models.gguf_blocks import Grouped, four_bit
 from specdec.models.grouped import GroupedLinear, grouped_stack
+from specdec.models.quant import fused_projections, replace_projections
 
 GROUP = 32  # inputs per group: the kernels' group for 4-bit values and Q8_0's block
 
@@ -62,11 +63,12 @@ def group_quantizable(model, mode: str, group_size: int) -> str | None:
         return f"a {model.dtype} model on {model.device.type}"
     if build.load() is None:
         return f"the kernels are unavailable ({build.unavailable()})"
-    linears = [model.lm_head] + [lin for layer in model.model.layers
-                                 for lin in (layer.self_attn.qkv, layer.self_attn.o_proj, layer.mlp.gate_up,
-                                             layer.mlp.down_proj)]
-    if any(lin is None or not isinstance(getattr(lin, "weight", None), torch.Tensor) for lin in linears):
-        return "projections that are not fused float weights"
+    try:
+        linears = fused_projections(model)
+    except ValueError:
+        return "projections that are not fused"
+    if any(not isinstance(getattr(lin, "weight", None), torch.Tensor) for lin in linears):
+        return "projections that are not float weights"
     if any(lin.weight.shape[1] % GROUP for lin in linears):
         return f"a projection whose inputs are not a multiple of {GROUP}"
     return None
@@ -84,17 +86,7 @@ def group_quantize_model(model, mode: str) -> None:
     """Replace a fused LlamaModel's projections (q/k/v, o, gate/up, down, lm_head) by
     GroupedLinear in `mode`, in place, and run its layers on the grouped stack. The float
     weights are dropped; the embedding stays in the model dtype (a lookup reads one row)."""
-    for layer in model.model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        attn.qkv, attn.o_proj = _replacement(attn.qkv, mode), _replacement(attn.o_proj, mode)
-        mlp.gate_up, mlp.down_proj = _replacement(mlp.gate_up, mode), _replacement(mlp.down_proj, mode)
-        for name in ("q_proj", "k_proj", "v_proj"):
-            if hasattr(attn, name):
-                delattr(attn, name)
-        for name in ("gate_proj", "up_proj"):
-            if hasattr(mlp, name):
-                delattr(mlp, name)
-    model.lm_head = _replacement(model.lm_head, mode)
-    model.stack, model.fast_paths = grouped_stack(model), None
+    replace_projections(model, lambda linear: _replacement(linear, mode))
+    model.stack = grouped_stack(model)
     if model.stack is None:
         raise SpecdecError(f"the grouped kernels did not take this model's {mode} projections")

@@ -131,31 +131,43 @@ def check_quantizable(weight: torch.Tensor, mode: str, group_size: int) -> str |
     return None
 
 
+def fused_projections(model: nn.Module) -> list[nn.Module]:
+    """A fused LlamaModel's projections: each layer's q/k/v, o, gate/up and down, then the LM head."""
+    layers = model.model.layers
+    if any(layer.self_attn.qkv is None or layer.mlp.gate_up is None for layer in layers):
+        raise ValueError("quantizing needs a fused model (LlamaModel.fuse_projections)")
+    return [lin for layer in layers for lin in (layer.self_attn.qkv, layer.self_attn.o_proj, layer.mlp.gate_up,
+                                                layer.mlp.down_proj)] + [model.lm_head]
+
+
+def replace_projections(model: nn.Module, make) -> None:
+    """Every projection of a fused LlamaModel replaced by make(projection), in place; the unfused
+    views of q/k/v and gate/up dropped with it, and the one-call stack, which held the old
+    weights' addresses (models/stack.py)."""
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.qkv, attn.o_proj = make(attn.qkv), make(attn.o_proj)
+        mlp.gate_up, mlp.down_proj = make(mlp.gate_up), make(mlp.down_proj)
+        del attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj
+    model.lm_head = make(model.lm_head)
+    model.stack, model.fast_paths = None, None
+
+
 def quantize_model(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SIZE) -> nn.Module:
     """Replace every projection of a fused LlamaModel (q/k/v, o, gate/up, down, lm_head) by a
     QuantizedLinear, in place; the float weights they replace are dropped. The model is
     then for inference only (its state_dict no longer has the checkpoint's names)."""
     if mode not in QUANT_MODES:
         raise SpecdecError(f"unknown quantization {mode!r}; choose from {', '.join(QUANT_MODES)}")
-    layers = [(layer.self_attn, layer.mlp) for layer in model.model.layers]
-    if any(attn.qkv is None or mlp.gate_up is None for attn, mlp in layers):
-        raise ValueError("quantize_model needs a fused model (LlamaModel.fuse_projections)")
-    weights = [w for attn, mlp in layers for w in (attn.qkv.weight, attn.o_proj.weight, mlp.gate_up.weight,
-                                                   mlp.down_proj.weight)] + [model.lm_head.weight]
-    for w in weights:  # all or nothing: check before replacing anything
-        problem = check_quantizable(w, mode, group_size)
+    for linear in fused_projections(model):  # all or nothing: check before replacing anything
+        problem = check_quantizable(linear.weight, mode, group_size)
         if problem:
             raise SpecdecError(f"cannot quantize to {mode}: {problem}")
 
-    def quantized(weight: torch.Tensor, bias: torch.Tensor | None = None, sizes=None) -> QuantizedLinear:
-        return QuantizedLinear(weight, bias, mode, group_for(weight.shape[1], group_size), sizes)
+    def quantized(linear: nn.Module) -> QuantizedLinear:
+        weight = linear.weight
+        return QuantizedLinear(weight, linear.bias, mode, group_for(weight.shape[1], group_size),
+                               getattr(linear, "sizes", None))
 
-    for attn, mlp in layers:
-        attn.qkv = quantized(attn.qkv.weight, attn.qkv.bias, attn.qkv.sizes)
-        mlp.gate_up = quantized(mlp.gate_up.weight, None, mlp.gate_up.sizes)
-        attn.o_proj = quantized(attn.o_proj.weight)
-        mlp.down_proj = quantized(mlp.down_proj.weight)
-        del attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj
-    model.lm_head = quantized(model.lm_head.weight)
-    model.stack, model.fast_paths = None, None  # the one-call stack held the float weights (models/stack.py)
+    replace_projections(model, quantized)
     return model
