@@ -50,13 +50,11 @@ def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: 
         return NativeRunner(load_grouped(source.gguf_file, parse_dtype(dtype)), max_len, pack=False)
     native = backend == "native" or (backend == "auto" and source.config().get("model_type") in SUPPORTED_MODEL_TYPES)
     if source.is_gguf or native:
-        model = load_native(source, dtype)
-        if quantize is not None and not compile:
-            model = model.fuse_projections()
-            if group_quantizable(model, quantize, group_size) is None:  # the grouped kernels (group_quant.py)
-                group_quantize_model(model, quantize)
-                return NativeRunner(model, max_len, fuse=False, pack=False)
-        runner = NativeRunner(model, max_len, pack=pack and quantize is None, compile=compile)
+        model = load_native(source, dtype).fuse_projections()
+        if quantize is not None and not compile and group_quantizable(model, quantize, group_size) is None:
+            group_quantize_model(model, quantize)  # the grouped kernels (group_quant.py)
+            return NativeRunner(model, max_len, fuse=False, pack=False)
+        runner = NativeRunner(model, max_len, fuse=False, pack=pack and quantize is None, compile=compile)
         if quantize is not None:
             quantize_model(runner.model, quantize, group_size)
         return runner
