@@ -16,6 +16,7 @@ import torch
 import specdec
 from specdec.data.prompts import build_suite
 from specdec.engine.batch import BatchEngine
+from specdec.engine.requests import generate_all
 from specdec.sampling import SamplingParams
 
 
@@ -42,7 +43,7 @@ def main() -> None:
                     engines[m, n] = BatchEngine(decoders[m].engine, max_batch=n, calibrate=True)
                 params = SamplingParams(max_new_tokens=args.tokens, ignore_eos=True)
                 t0 = time.perf_counter()
-                results = engines[m, n].generate([(prompts[i % len(prompts)], params, m) for i in range(n)])
+                results = generate_all(engines[m, n], [(prompts[i % len(prompts)], params, m) for i in range(n)])
                 seconds = time.perf_counter() - t0
                 tps = sum(len(x.token_ids) for x in results) / seconds
                 accepted = sum(x.stats.accepted_tokens for x in results) / sum(x.stats.target_forwards for x in results)

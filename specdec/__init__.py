@@ -1,7 +1,7 @@
 """specdec: lossless speculative decoding for LLM inference."""
 from specdec.engine.config import METHODS, DecoderConfig
 from specdec.engine.decoder import SpecDecoder, load, load_config
-from specdec.engine.single import GenerationResult, StreamChunk
+from specdec.engine.sequence import GenerationResult, StreamChunk
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
 from specdec.stats import GenerationStats, StepRecord

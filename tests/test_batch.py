@@ -9,6 +9,7 @@ import torch
 import specdec
 import specdec.engine.verdicts
 from specdec.engine.batch import BatchEngine
+from specdec.engine.requests import generate_all, stream_chunks
 from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
 from specdec.sampling import SamplingParams
@@ -108,8 +109,8 @@ def test_greedy_batch_equals_each_request_alone(decoders):
             assert sum(g.stats.accepted_tokens for g, s in zip(got, samplings) if s["method"] == method) > 0
         assert all(g.stats.drafted_tokens == 0 for g, s in zip(got, samplings) if s["method"] == "none")
     chunked = BatchEngine(decoder.engine, max_batch=4, prefill_chunk=8)
-    got = chunked.generate([(p, decoder.sampling_params(**{k: v for k, v in s.items() if k != "method"}),
-                             s["method"]) for p, s in zip(PROMPTS, samplings)])
+    got = generate_all(chunked, [(p, decoder.sampling_params(**{k: v for k, v in s.items() if k != "method"}),
+                                  s["method"]) for p, s in zip(PROMPTS, samplings)])
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
 
 
@@ -201,7 +202,7 @@ def batched_p_values(tiny_dirs, method: str) -> list[float]:
     # for ngram once sample() changed its draws (seed sets 1-5: 0.07-0.41), so these start at 10^6
     requests = [(PROMPT, SamplingParams(max_new_tokens=NEW, seed=SEED_BASE + seed, seed_mode="rejection",
                                         ignore_eos=True, **settings[seed % 2]), method) for seed in range(2 * N_QUICK)]
-    results = BatchEngine(decoder.engine, max_batch=16).generate(requests)
+    results = generate_all(BatchEngine(decoder.engine, max_batch=16), requests)
     drafted = sum(r.stats.drafted_tokens for r in results)
     accepted = sum(r.stats.accepted_tokens for r in results)
     assert (0 < accepted < drafted) if method != "none" else drafted == 0
@@ -226,7 +227,7 @@ def test_a_wrong_verifier_fails_the_batched_test(tiny_dirs, monkeypatch):
 
 
 def test_stream_chunks_and_logprobs_equal_engine_stream(decoders):
-    """Per step, the batch hands out the chunks Engine.stream yields alone (text held back for
+    """Per step, the batch hands out the chunks a lone stream (a batch of one) yields (text held back for
     stop strings, the final chunk, logprobs and prompt logprobs), penalties applied per row."""
     decoder = decoders["draft"]
     cases = [(PROMPTS[0], dict(max_new_tokens=20, logprobs=2, prompt_logprobs=1), "draft"),
@@ -251,7 +252,7 @@ def test_stream_chunks_and_logprobs_equal_engine_stream(decoders):
     got = {id(s): [] for s in seqs}
     while len(engine):
         for event in engine.step():
-            got[id(event.seq)] += [key(c) for c in engine.stream_chunks(event)]
+            got[id(event.seq)] += [key(c) for c in stream_chunks(engine, event)]
     for seq, (prompt, kw, method) in zip(seqs, cases):
         want = [key(c) for c in decoders[method].stream(prompt, **kw)]
         if method == "none":  # the stop string fired

@@ -11,6 +11,7 @@ import torch
 import specdec
 import specdec.engine.verdicts
 from specdec.engine.batch import BatchEngine
+from specdec.engine.requests import generate_all
 from specdec.models.batch import BatchRunner
 from specdec.sampling import SamplingParams
 from specdec.spec.verify import tree_attention_mask, tree_depths
@@ -121,7 +122,7 @@ def batched_tree_p_values(tiny_dirs, method: str, n: int = N_QUICK) -> list[floa
     settings = [dict(temperature=0.7, top_k=5), dict(temperature=1.0)]
     requests = [(PROMPT, SamplingParams(max_new_tokens=NEW, seed=10 ** 6 + seed, seed_mode="rejection",
                                         ignore_eos=True, **settings[seed % 2]), method) for seed in range(2 * n)]
-    results = BatchEngine(decoder.engine, max_batch=16, max_rows=16 * (FIXED_NODES[method] + 1)).generate(requests)
+    results = generate_all(BatchEngine(decoder.engine, max_batch=16, max_rows=16 * (FIXED_NODES[method] + 1)), requests)
     drafted = sum(r.stats.drafted_tokens for r in results)
     accepted = sum(r.stats.accepted_tokens for r in results)
     assert 0 < accepted < drafted

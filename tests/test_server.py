@@ -1015,7 +1015,7 @@ def test_cancelled_streams_free_the_engine(server, reference):
 
 
 class GatedDecoder:
-    """Wraps a decoder; each generation waits for the gate to open."""
+    """Wraps a decoder; each step of its loop waits for the gate to open."""
 
     def __init__(self, decoder):
         self._decoder = decoder
@@ -1024,9 +1024,23 @@ class GatedDecoder:
     def __getattr__(self, name):
         return getattr(self._decoder, name)
 
-    def stream(self, prompt, params=None, **sampling):
-        assert self.gate.wait(30)
-        return self._decoder.stream(prompt, params, **sampling)
+    def batch_engine(self, max_batch=8):
+        return GatedBatch(self._decoder.batch_engine(max_batch), self.gate)
+
+
+class GatedBatch:
+    def __init__(self, batch, gate):
+        self._batch, self._gate = batch, gate
+
+    def __getattr__(self, name):
+        return getattr(self._batch, name)
+
+    def __len__(self):
+        return len(self._batch)
+
+    def step(self):
+        assert self._gate.wait(30)
+        return self._batch.step()
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,12 @@ import argparse
 
 from specdec.engine.config import METHODS, DecoderConfig
 from specdec.engine.decoder import SpecDecoder, load_config
-from specdec.engine.single import GenerationStats
 from specdec.errors import SpecdecError
 from specdec.models.quant import DEFAULT_GROUP_SIZE, LOAD_MODES
 from specdec.sampling import SEED_MODES
 from specdec.sampling.grammar import Grammar
 from specdec.spec.proposers.cross_vocab import CROSS_VOCAB_MODES
+from specdec.stats import GenerationStats
 
 
 def add_checkpoint_args(p: argparse.ArgumentParser,

@@ -1,25 +1,32 @@
-"""Continuous batching: many generations share each target pass.
+"""The decode loop, for one request or many: generations share each target pass.
 
 Decoding is bound by reading the weights, so one pass over the rows of B sequences costs far
 less than B passes. The BatchEngine holds up to max_batch Sequences, each in its own slot of
-one batched KV cache; sequences join (`add`) and leave (finished, or `cancel`) between steps.
-A step:
+one KV cache; sequences join (`add`) and leave (finished, or `cancel`) between steps. A lone
+request (`stream`, `generate_one`; SpecDecoder.generate and stream) is a batch of one: the
+decoder's own runner (any backend, models/one_slot.py), drafter and controllers, its prompt
+prefilled in one pass. A step:
 1. prefills waiting prompts, in chunks of at most `prefill_chunk` tokens per step, so a long
-   prompt does not stall the sequences already decoding (a prompt that fits in one chunk is
-   prefilled in one pass, exactly as Engine.start does);
-2. lets every decoding sequence draft (batch_drafting.py: one K for the chains, a tree per
-   tree-method sequence);
+   prompt does not stall the sequences already decoding;
+2. lets every decoding sequence draft (batch_drafting.py: a sequence alone sizes its drafts
+   with its own controller; several: one K for the chains, a tree per tree-method sequence);
 3. scores every sequence's [last token] + drafts in ONE target pass (rows packed through the
    projections, padded to the widest sequence only inside attention, where a mask keeps
    each row to its own slot: models/batch.py);
-4. verifies each sequence with its own sampling settings, exactly as Engine._verify_chain
-   does (verdicts.chain_verdict), rolls its slot back past its rejected drafts, and applies its
-   stop rules (EOS, stop strings, max tokens, context).
+4. verifies each sequence with its own sampling settings (verdicts.chain_verdict /
+   tree_verdict), rolls its slot back past its rejected drafts (a tree: keeps the accepted
+   path), and applies its stop rules (EOS, stop strings, max tokens, context).
 
-K: one per step for the whole batch (spec/control/batch_width.py), from the measured costs of
-batched passes and each sequence's acceptance (its own DraftLengthController); a sequence
-drafts min(K, what it can), and K is capped at max_rows // n - 1 for n sequences in the
-pass (attention pads to the widest). A fixed K (draft_tokens) is used as is.
+Invariant: a slot's cache holds its sequence's context except the last token, which is fed
+first in the next step (so its logits come out of the same pass that scores the drafts). A
+finished sequence in the last slot leaves its cache there: the next prompt that shares its
+leading tokens skips them (prefix reuse, where the runner's rows are batch-invariant).
+
+K with several sequences: one per step for the whole batch (spec/control/batch_width.py), from
+the measured costs of batched passes and each sequence's acceptance (its own
+DraftLengthController); a sequence drafts min(K, what it can), and K is capped at max_rows // n
+- 1 for n sequences in the pass (attention pads to the widest). A fixed K (draft_tokens) is
+used as is.
 
 Drafting: `ngram` per sequence (no model); `draft` (when the decoder's method is draft) as one
 batched draft-model pass per draft position (proposers/batch_draft.py), the draft model
@@ -31,19 +38,20 @@ batch offers `none`, `ngram` and its own method when batched, per sequence."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
 from specdec.engine.batch_drafting import TREE_METHODS, BatchDrafting, BatchEntry
-from specdec.engine.sequence import GenerationResult, Sequence, StreamChunk
-from specdec.engine.single import Engine
+from specdec.engine.core import Engine
+from specdec.engine.sequence import GenerationResult, Sequence
 from specdec.engine.verdicts import chain_verdict, tree_verdict
 from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
+from specdec.models.cache import shared_prefix
+from specdec.models.one_slot import OneSlotRunner
 from specdec.sampling import SamplingParams
-from specdec.sampling.logprobs import last_entries, token_logprobs
+from specdec.sampling.logprobs import token_logprobs
 from specdec.spec.control.base import Controller
 from specdec.spec.verify import tree_attention_mask
 from specdec.stats import StepRecord
@@ -60,19 +68,27 @@ class BatchEvent:
 class BatchEngine:
     def __init__(self, engine: Engine, max_batch: int = 8, prefill_chunk: int = 512, max_rows: int = 64,
                  calibrate: bool = False):
-        model = getattr(engine.target, "model", None)
-        if not getattr(engine.target, "supports_tree", False) or model is None:
-            raise SpecdecError("batched decoding needs the native runtime (llama, mistral, qwen2)")
         if max_batch < 1 or prefill_chunk < 1 or max_rows < max_batch:
             raise SpecdecError("need max_batch >= 1, prefill_chunk >= 1 and max_rows >= max_batch")
         self.engine = engine
         self.max_batch = max_batch
-        self.prefill_chunk = prefill_chunk
         self.max_rows = max_rows
-        self.runner = BatchRunner(model, max_batch, engine.target.max_len)
+        if max_batch == 1:
+            # a lone request: the decoder's own runner (any backend) and drafter, the prompt
+            # prefilled in one pass, prefix reuse across requests
+            self.runner: BatchRunner | OneSlotRunner = OneSlotRunner(engine.target)
+            prefill_chunk = engine.target.max_len
+        else:
+            model = getattr(engine.target, "model", None)
+            if not getattr(engine.target, "supports_tree", False) or model is None:
+                raise SpecdecError("batched decoding needs the native runtime (llama, mistral, qwen2)")
+            self.runner = BatchRunner(model, max_batch, engine.target.max_len)
+        self.prefill_chunk = prefill_chunk
         self.drafting = BatchDrafting(engine, max_batch, max_rows)
         self.draft = self.drafting.draft  # the draft model's slots (method draft), moved with the target's
         self.entries: list[BatchEntry] = []  # entries[b] is in slot b
+        # a free slot's context whose all-but-last tokens its cache still holds (prefix reuse)
+        self.held: list[list[int] | None] = [None] * max_batch
         if calibrate:
             self.calibrate()
 
@@ -81,6 +97,10 @@ class BatchEngine:
         (batch_drafting.BatchDrafting.calibrate)."""
         if self.entries:
             raise SpecdecError("calibrate an empty batch")
+        self.held = [None] * self.max_batch
+        if self.max_batch == 1:  # a lone sequence's K comes from its controller: the runner's pass costs
+            self.engine.calibrate()
+            return
         self.drafting.calibrate(self.runner, self.max_batch, self.engine.exact,
                                 min(self.engine.eos_ids) if self.engine.eos_ids else 0)
 
@@ -103,13 +123,29 @@ class BatchEngine:
             raise SpecdecError(f"the batch is full ({self.max_batch} sequences)")
         seq = self.engine.new_sequence(prompt, params, controller=self._new_controller(method, params), method=method)
         entry = self.drafting.entry(seq, method)
+        slot = len(self.entries)
+        reused = self._reusable_prefix(slot, entry)
+        self.held[slot] = None
+        self.runner.rollback(slot, reused)
+        entry.prefilled = seq.stats.cached_prompt_tokens = reused
         if entry.proposer is not None:
             entry.proposer.reset(seq.prompt_ids)
-        self.runner.rollback(len(self.entries), 0)
         if self.draft is not None:
-            self.draft.reset(len(self.entries))
+            self.draft.reset(slot)
         self.entries.append(entry)
         return seq
+
+    def _reusable_prefix(self, slot: int, entry: BatchEntry) -> int:
+        """How many leading prompt tokens the free slot's cache holds already and may keep: an
+        editor's requests share most of their text. Only where every cached row has the bits a
+        fresh prefill would write (Runner.kv_rows_invariant), so output never depends on
+        earlier requests."""
+        held, seq = self.held[slot], entry.seq
+        if (not self.engine.reuse_prefix or held is None or seq.params.prompt_logprobs is not None
+                or entry.needs_hidden or not getattr(self.runner, "kv_rows_invariant", False)
+                or self.runner.length(slot) != len(held) - 1):
+            return 0
+        return shared_prefix(held, seq.prompt_ids, min(len(held), len(seq.prompt_ids)) - 1)
 
     def cancel(self, seq: Sequence) -> None:
         """Drop a sequence (finished or not) and free its slot."""
@@ -123,6 +159,8 @@ class BatchEngine:
         the decoder's own drafter it starts from what the engine's controller for these
         settings learned (finish hands each sequence's learning back), so a short request does
         not explore draft lengths or tree sizes from scratch."""
+        if self.max_batch == 1 and method == self.engine.method:
+            return self.engine.controller_for(params)  # a lone sequence: the engine's own, learning as it goes
         controller = self.engine.new_controller(method in TREE_METHODS)
         if method == self.engine.method and method != "none":
             try:
@@ -133,7 +171,9 @@ class BatchEngine:
 
     def finish(self, seq: Sequence) -> tuple[GenerationResult, str]:
         """The result of a finished sequence, and its text held back until now."""
-        if seq.stats.method == self.engine.method and seq.stats.method != "none":
+        if seq.controller is self.engine.controller_for(seq.params):
+            self.engine.remember(seq)
+        elif seq.stats.method == self.engine.method and seq.stats.method != "none":
             shared = self.engine.controller_for(seq.params)
             try:
                 shared.recall(seq.controller.memory())
@@ -141,39 +181,22 @@ class BatchEngine:
                 pass
         return self.engine.finish(seq)
 
-    def stream_chunks(self, event: BatchEvent) -> list[StreamChunk]:
-        """The chunks Engine.stream yields for this step of the sequence: one per step, and
-        when the sequence finished, a last one with its result (carrying the step's tokens
-        when EOS or a stop string ended it, as Engine.stream does)."""
-        seq, step = event.seq, event.step
-        if step is None:
-            return []
-        prompt_logprobs = seq.prompt_logprobs if seq.stats.target_forwards == 1 else None  # with the first chunk
-        chunks = []
-        if not step.stopped:
-            chunks.append(StreamChunk(step.text, list(step.new_tokens), step=step, prompt_logprobs=prompt_logprobs,
-                                      token_logprobs=last_entries(seq.token_logprobs, len(step.new_tokens))))
-            prompt_logprobs = None
-        if seq.finish_reason is not None:
-            result, tail = self.finish(seq)
-            last = step if step.stopped else None
-            tokens = list(step.new_tokens) if last is not None else []
-            chunks.append(StreamChunk((step.text if last is not None else "") + tail, tokens, result, step=last,
-                                      token_logprobs=last_entries(seq.token_logprobs, len(tokens)),
-                                      prompt_logprobs=prompt_logprobs))
-        return chunks
-
     def _release(self, slot: int) -> None:
-        """Free a slot, keeping the running sequences in slots [0, n): the last one moves in."""
+        """Free a slot, keeping the running sequences in slots [0, n): the last one moves in. A
+        finished sequence in the last slot leaves its cache for prefix reuse."""
         last = len(self.entries) - 1
-        self.drafting.release(self.entries[slot])
+        entry = self.entries[slot]
+        self.drafting.release(entry)
         if slot != last:
             self.runner.move(last, slot)
             if self.draft is not None:
                 self.draft.move(last, slot)
             self.entries[slot] = self.entries[last]
         self.entries.pop()
-        self.runner.rollback(last, 0)
+        keep = slot == last and entry.seq.finish_reason is not None and getattr(self.runner, "kv_rows_invariant", False)
+        self.held[last] = entry.seq.context if keep else None
+        if not keep:
+            self.runner.rollback(last, 0)
         if self.draft is not None:
             self.draft.reset(last)
 
@@ -203,7 +226,8 @@ class BatchEngine:
             seq, t0 = entry.seq, time.perf_counter()
             ids = seq.prompt_ids[entry.prefilled:min(entry.prefilled + self.prefill_chunk, len(seq.prompt_ids) - 1)]
             logits = self.runner.extend_slot(slot, ids, self.engine.exact_prefill(seq),
-                                             want_logits=seq.params.prompt_logprobs is not None)
+                                             want_logits=seq.params.prompt_logprobs is not None,
+                                             want_hidden=entry.needs_hidden)
             if entry.method == "draft" and self.draft is not None:
                 self.draft.prefill(slot, ids)
             if entry.needs_hidden:
@@ -230,7 +254,8 @@ class BatchEngine:
             if proposal.parents is not None:
                 trees[slot] = tree_attention_mask(proposal.parents).to(torch.bool)
         t0 = time.perf_counter()
-        logits = self.runner.extend(rows, exact, trees)
+        logits = self.runner.extend(rows, exact, trees,
+                                    want_hidden=any(self.entries[slot].needs_hidden for slot in ready))
         target_seconds = time.perf_counter() - t0
         drafting = [b for slot, b in zip(ready, budgets) if b and self.drafting.in_draft_pass(self.entries[slot])]
         self.drafting.width.observe(sum(len(r) for r in rows), target_seconds, len(drafting),
@@ -259,24 +284,3 @@ class BatchEngine:
         self.drafting.observe_step(sum(len(e.step.new_tokens) for e in events if e.step is not None),
                                    time.perf_counter() - began)
         return events
-
-    # ---------------------------------------------------------------- offline batches
-    def generate(self, requests: Iterable[tuple[str | list[int], SamplingParams, str | None]]
-                 ) -> list[GenerationResult]:
-        """Run (prompt, params, method) requests through the batch, admitting a waiting
-        request whenever a slot frees; results in request order."""
-        waiting = list(enumerate(requests))
-        for _, (prompt, _, method) in waiting:  # fail before any work
-            self.engine.encode_prompt(prompt)
-            self.drafting.check_method(method or self.method)
-        waiting.reverse()
-        index: dict[int, int] = {}
-        results: list[GenerationResult | None] = [None] * len(waiting)
-        while waiting or self.entries:
-            while waiting and self.free_slots:
-                i, (prompt, params, method) = waiting.pop()
-                index[id(self.add(prompt, params, method))] = i
-            for event in self.step():
-                if event.seq.finish_reason is not None:
-                    results[index.pop(id(event.seq))] = self.finish(event.seq)[0]
-        return results

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from specdec.engine.core import Engine
 from specdec.engine.sequence import Sequence
-from specdec.engine.single import Engine
 from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
 from specdec.spec.control.batch_width import BatchDraftLength
@@ -56,14 +56,19 @@ class BatchDrafting:
         if engine.method == "ngram":
             self.proposers["ngram"] = engine.proposer
         self.draft: BatchDraftModel | None = None  # the draft model's slots, for method draft
-        if engine.method == "draft" and isinstance(engine.proposer, DraftModelProposer):  # not a cross-vocab draft
+        # a drafter with per-sequence state and no batched form yet (a tree method's head, a
+        # draft with another tokenizer): forked per sequence; forks not in use wait here. A
+        # batch of one drafts with the decoder's own drafter, whatever it is
+        self.forked_method: str | None = None
+        self.forks: list[Proposer] = []
+        self.own = max_batch == 1 and engine.method not in self.proposers
+        if self.own:
+            self.proposers[engine.method] = None
+            self.forked_method = engine.method
+        elif engine.method == "draft" and isinstance(engine.proposer, DraftModelProposer):  # not a cross-vocab draft
             self.draft = BatchDraftModel(engine.proposer.runner.model, max_batch,
                                          min(engine.target.max_len, engine.proposer.runner.max_len))
             self.proposers["draft"] = None
-        # a drafter with per-sequence state and no batched form yet (a tree method's head, a
-        # draft with another tokenizer): forked per sequence; forks not in use wait here
-        self.forked_method: str | None = None
-        self.forks: list[Proposer] = []
         if engine.method not in self.proposers and hasattr(engine.proposer, "fork"):
             self.proposers[engine.method] = None
             self.forked_method = engine.method
@@ -131,6 +136,8 @@ class BatchDrafting:
     def entry(self, seq: Sequence, method: str) -> BatchEntry:
         """A new sequence's entry with its drafter: the shared prompt lookup, a free fork of
         the decoder's own drafter, or None (plain decoding; the draft model's batched slots)."""
+        if method == self.forked_method and self.own:
+            return BatchEntry(seq, method, self.engine.proposer, True)
         if method == self.forked_method:
             return BatchEntry(seq, method, self.forks.pop() if self.forks else self.engine.proposer.fork(), True)
         return BatchEntry(seq, method, self.proposers[method])
@@ -141,7 +148,7 @@ class BatchDrafting:
 
     def release(self, entry: BatchEntry) -> None:
         """A sequence left the batch: its fork serves the next one."""
-        if entry.forked:
+        if entry.forked and not self.own:
             self.forks.append(entry.proposer)
 
     def plan(self, entries: list[BatchEntry], ready: list[int], runner: BatchRunner
@@ -149,20 +156,22 @@ class BatchDrafting:
         """The step's budget (drafts; a tree: nodes) and proposal for each ready slot, the
         seconds each waited for it, and the draft model's batched seconds."""
         limits = self.limits(entries, ready, runner)
-        early = self.propose_each(entries, ready, limits)  # cheap drafters first: K then knows their matches
+        alone = len(ready) == 1  # a sequence alone sizes its drafts with its own controller, then drafts
+        # with several, cheap drafters first: the batch's K then knows their matches
+        early = {} if alone else self.propose_each(entries, ready, limits)
         limits = [len(early[slot][0].tokens) if slot in early else lim for slot, lim in zip(ready, limits)]
-        k = self.choose_k(entries, ready, limits)
+        k = 0 if alone else self.choose_k(entries, ready, limits)
         forked_on = self.forked_gate(entries, ready, limits)
         budgets = [0 if entries[slot].forked and not forked_on
-                   else entries[slot].seq.controller.choose(lim) if entries[slot].tree and lim else min(k, lim)
-                   for slot, lim in zip(ready, limits)]
+                   else entries[slot].seq.controller.choose(lim) if (alone or entries[slot].tree) and lim
+                   else min(k, lim) for slot, lim in zip(ready, limits)]
         return (budgets, *self.propose(entries, ready, budgets, early))
 
     def forked_gate(self, entries: list[BatchEntry], ready: list[int], limits: list[int]) -> bool:
         """Whether the forked drafters may draft this step (see forked_gates); True where none
-        would."""
+        would, and for a sequence alone (its controller sees its drafter's cost)."""
         self.gate = None
-        if self.engine.fixed_draft_tokens is not None or not any(
+        if self.engine.fixed_draft_tokens is not None or len(ready) == 1 or not any(
                 entries[slot].forked and lim for slot, lim in zip(ready, limits)):
             return True
         gate = self.forked_gates.setdefault(1 << (len(ready).bit_length() - 1), TreeSizeController([1]))
@@ -234,7 +243,8 @@ class BatchDrafting:
         requests = []
         for slot, budget in zip(ready, budgets):
             seq = entries[slot].seq
-            if budget > 0 and entries[slot].forked:  # its own drafter, alone (not batched yet)
+            if budget > 0 and entries[slot].proposer is not None and (entries[slot].forked or slot not in early):
+                # its own drafter, or a sequence alone: drafts at its budget
                 t0 = time.perf_counter()
                 proposals[slot] = entries[slot].proposer.propose(seq.context, budget, seq.params, seq.generator,
                                                                       history=seq.history, noise=seq.noise)

@@ -8,6 +8,7 @@ from pathlib import Path
 from specdec.chat.fim import FimPrompt, FimTokens, fim_prompt, find_fim_tokens, require_fim_tokens
 from specdec.engine.batch import BatchEngine
 from specdec.engine.config import DecoderConfig
+from specdec.engine.core import Engine
 from specdec.engine.loading import (
     cut_draft_head,
     default_exact,
@@ -17,7 +18,8 @@ from specdec.engine.loading import (
     load_runner,
     model_identity,
 )
-from specdec.engine.single import Engine, GenerationResult, StreamChunk
+from specdec.engine.requests import generate_all, generate_one, stream
+from specdec.engine.sequence import GenerationResult, StreamChunk
 from specdec.engine.text import TextTokenizer
 from specdec.errors import SpecdecError
 from specdec.models.bundled import DEFAULT_TARGET, default_head, default_quantize
@@ -36,6 +38,7 @@ class SpecDecoder:
         self.target_path = target_path
         self.draft_path = draft_path
         self.tokenizer = engine.tokenizer
+        self._alone = BatchEngine(engine, max_batch=1)  # lone requests: the decoder's own runner and cache
         self._batch: BatchEngine | None = None
 
     @property
@@ -96,7 +99,7 @@ class SpecDecoder:
             raise SpecdecError(f"unknown sampling parameter: {e}") from None
 
     def generate(self, prompt: str | list[int], **sampling) -> GenerationResult:
-        return self.engine.generate(prompt, self.sampling_params(**sampling))
+        return generate_one(self.batch_engine(1), prompt, self.sampling_params(**sampling))
 
     def fim_tokens(self) -> FimTokens | None:
         """The target's fill-in-the-middle tokens, or None when its vocabulary has none."""
@@ -126,11 +129,15 @@ class SpecDecoder:
             raise SpecdecError("give either params or sampling keyword arguments, not both")
         params = params if params is not None else self.sampling_params(**sampling)
         self.engine.encode_prompt(prompt)  # fail before the first chunk
-        return self.engine.stream(prompt, params)
+        return stream(self.batch_engine(1), prompt, params)
 
     def batch_engine(self, max_batch: int = 8) -> BatchEngine:
-        """The batched engine over this decoder's target (its cache of max_batch slots is kept
-        for the next call with the same max_batch); calibrated when the decoder was."""
+        """The loop over this decoder's target for up to max_batch sequences: for one, on the
+        decoder's own runner and cache (what generate() and stream() use); for more, a batched
+        cache of max_batch slots (kept for the next call with the same max_batch), calibrated
+        when the decoder was."""
+        if max_batch == 1:
+            return self._alone
         if self._batch is None or self._batch.max_batch != max_batch:
             self._batch = None  # free the old cache first
             self._batch = BatchEngine(self.engine, max_batch, calibrate=self.engine.pass_costs is not None)
@@ -151,7 +158,7 @@ class SpecDecoder:
             own = dict(samplings[i]) if samplings is not None else {}
             method = own.pop("method", None)
             requests.append((prompt, self.sampling_params(**{**sampling, **own}), method))
-        return self.batch_engine(max_batch).generate(requests)
+        return generate_all(self.batch_engine(max_batch), requests)
 
 
 def load(target: str | Path | None = None, draft: str | Path | None = None, **options) -> SpecDecoder:

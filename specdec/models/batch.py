@@ -171,9 +171,10 @@ class BatchRunner:
 
     @torch.inference_mode()
     def extend(self, ids: list[list[int]], exact: list[bool] | None = None,
-               trees: list[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
+               trees: list[torch.Tensor | None] | None = None, want_hidden: bool = True) -> list[torch.Tensor]:
         """One pass over slots [0, len(ids)) (trees: batch_forward's); per slot the logits
-        [len(ids[b]), V] of its rows; their final hidden states per slot in last_hidden."""
+        [len(ids[b]), V] of its rows; their final hidden states per slot in last_hidden
+        (always: they cost nothing more here)."""
         logits, hidden = batch_forward(self.model, ids, self.cache, exact, trees)
         widths = [len(row) for row in ids]
         self.last_hidden = list(hidden.split(widths))
@@ -181,7 +182,7 @@ class BatchRunner:
 
     @torch.inference_mode()
     def extend_slot(self, slot: int, ids: list[int], exact: bool = False,
-                    want_logits: bool = True) -> torch.Tensor | None:
+                    want_logits: bool = True, want_hidden: bool = True) -> torch.Tensor | None:
         """A single-sequence pass on one slot (a prefill chunk): the very computation
         NativeRunner.extend does, on that slot's cache. Logits [len(ids), V] (None when not
         want_logits: the LM head skipped)."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from specdec import __version__
 from specdec.chat.tool_stream import CallStream
 from specdec.chat.tools import parse_calls
-from specdec.engine.single import GenerationResult, StreamChunk
+from specdec.engine.sequence import GenerationResult, StreamChunk
 from specdec.sampling.logprobs import TextOffsets, TokenLogprob, TokenTexts
 from specdec.server.request import GenerationRequest
 from specdec.stats import GenerationStats

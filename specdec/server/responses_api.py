@@ -20,7 +20,7 @@ import json
 import time
 import uuid
 
-from specdec.engine.single import GenerationResult
+from specdec.engine.sequence import GenerationResult
 from specdec.server import responses
 from specdec.server.errors import ApiError, bad_request
 from specdec.server.fields import describe

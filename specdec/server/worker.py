@@ -4,19 +4,16 @@ The model (and its KV cache) is not thread-safe, so exactly one thread owns the 
 own thread (start(), as in-process test clients use it), or the caller's (run_here():
 `specdec serve` runs the engine in the main thread and the HTTP server beside it, because
 PyTorch's parallel CPU ops run 2-10x slower from a second thread here). Requests become Jobs in a bounded queue
-(full -> the handler answers 429). The worker runs each job's choices one after another and
-posts events back to the job's asyncio queue with loop.call_soon_threadsafe, so the async
-handlers never block the event loop.
+(full -> the handler answers 429). The thread runs the decoder's one loop (a BatchEngine of
+`--max-batch N` slots; N = 1, the default, is the decoder's own runner and cache) and posts
+events back to the job's asyncio queue with loop.call_soon_threadsafe, so the async handlers
+never block the event loop. A job's choices take slots as they free; the next job leaves the
+queue only when a slot is free and the previous job's choices all have one, so the queue
+still fills and answers 429.
 
 Cancellation: a handler that sees its client go away calls job.cancel(). The worker checks
-the flag between decode steps (each StreamChunk is one step), closes the generator and moves
-on; a job cancelled while still queued is skipped without touching the model.
-
-With max_batch > 1 (`--max-batch N`) the thread runs a BatchEngine instead (continuous
-batching: one target pass serves every running choice). A job's choices take slots as they
-free; the next job leaves the queue only when a slot is free and the previous job's choices
-all have one, so the queue still fills and answers 429. A cancelled job's sequences leave the
-batch before the next step.
+the flag between decode steps: a cancelled job's sequences leave the batch before the next
+step; a job cancelled while still queued is skipped without touching the model.
 
 A job whose client left while it was still queued is dropped from the queue when a new job
 finds it full (JobQueue.purge), and the waiting gauge counts only live jobs: abandoned jobs
@@ -30,6 +27,7 @@ import time
 from collections import deque
 
 from specdec.engine.batch_drafting import BATCHED_METHODS
+from specdec.engine.requests import stream_chunks
 from specdec.errors import SpecdecError
 from specdec.server.errors import ApiError
 from specdec.server.jobs import Event, Job, JobQueue, QueueFull, RunningJob
@@ -45,22 +43,19 @@ class EngineWorker:
         self.metrics = metrics
         self.max_queue = max_queue
         self.max_batch = max_batch
-        self.batch = None
-        if max_batch > 1:
-            if decoder.method not in BATCHED_METHODS:
-                raise SpecdecError(f"--max-batch > 1 batches the methods {', '.join(BATCHED_METHODS)}; "
-                                   f"this server's method is {decoder.method!r}")
-            self.batch = decoder.batch_engine(max_batch)
-            if self.batch.method != decoder.method:  # a drafter that cannot be forked per sequence
-                raise SpecdecError(f"--max-batch > 1 cannot batch this server's {decoder.method!r} drafter")
-        self._jobs: list[RunningJob] = []  # batched mode: jobs in the batch, in arrival order
+        if max_batch > 1 and decoder.method not in BATCHED_METHODS:
+            raise SpecdecError(f"--max-batch > 1 batches the methods {', '.join(BATCHED_METHODS)}; "
+                               f"this server's method is {decoder.method!r}")
+        self.batch = decoder.batch_engine(max_batch)
+        if self.batch.method != decoder.method:  # a drafter that cannot be forked per sequence
+            raise SpecdecError(f"--max-batch > 1 cannot batch this server's {decoder.method!r} drafter")
+        self._jobs: list[RunningJob] = []  # jobs in the batch, in arrival order
         self.queue = JobQueue(maxsize=max_queue)  # Job | None (None wakes the worker to stop)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._current: Job | None = None
         self._lock = threading.Lock()
         metrics.num_requests_waiting.set_function(self.queue.live)
-        metrics.batch_slots_used.set_function(lambda: len(self.batch) if self.batch is not None else 0)
+        metrics.batch_slots_used.set_function(lambda: len(self.batch))
 
     # ---- lifecycle ----
     def start(self) -> None:
@@ -90,9 +85,6 @@ class EngineWorker:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
-        current = self._current
-        if current is not None:
-            current.cancel()
         for running in list(self._jobs):
             running.job.cancel()
         while True:  # answer what is still queued
@@ -133,28 +125,6 @@ class EngineWorker:
             job.post(Event("end"))
 
     # ---- the thread ----
-    def _run(self) -> None:
-        if self.batch is not None:
-            self._run_batched()
-            return
-        while not self._stop.is_set():
-            job = self.queue.get()
-            if not self._accept(job):
-                continue
-            self._current = job
-            try:
-                self._run_job(job)
-            except SpecdecError as e:
-                job.post(Event("error", error=ApiError(400, str(e))))
-            except Exception:  # noqa: BLE001 - a bug must not kill the only worker
-                log.exception("generation failed")
-                job.post(Event("error", error=ApiError(500, "internal error during generation",
-                                                        code="internal_error")))
-            finally:
-                self.metrics.num_requests_running.dec()
-                self._current = None
-                job.post(Event("end"))
-
     def _accept(self, job: Job | None) -> bool:
         """Whether a job taken from the queue runs: a cancelled one is ended here, None (the
         stop signal) skipped; an admitted job's first choice starts now."""
@@ -182,29 +152,7 @@ class EngineWorker:
         job.generated[index] = total
         return total
 
-    def _run_job(self, job: Job) -> None:
-        for index, sampling in enumerate(job.samplings):
-            if job.cancelled:
-                break
-            gen = self.decoder.stream(job.prompts[index], sampling)
-            try:
-                for chunk in gen:
-                    generated = self._count(job, index, chunk)
-                    if chunk.result is not None:
-                        self.metrics.record_generation(chunk.result)
-                        job.post(Event("done", index, chunk.text, chunk.token_ids, chunk.result, generated=generated))
-                        break
-                    if job.cancelled:
-                        break
-                    if job.stream and (chunk.text or chunk.token_logprobs or chunk.prompt_logprobs):
-                        job.post(Event("chunk", index, chunk.text, chunk.token_ids, chunk=chunk, generated=generated))
-            finally:
-                gen.close()
-        if job.cancelled:
-            self.metrics.requests_cancelled.inc()
-
-    # ---- batched mode ----
-    def _run_batched(self) -> None:
+    def _run(self) -> None:
         while not self._stop.is_set() or self._jobs:
             try:
                 self._drop_cancelled()
@@ -212,10 +160,14 @@ class EngineWorker:
                 if len(self.batch):
                     self.metrics.batch_size.observe(len(self.batch))
                     self._deliver(self.batch.step())
-            except Exception:  # noqa: BLE001 - a bug must not kill the only worker
-                log.exception("batched generation failed")
+            except Exception as e:  # noqa: BLE001 - a bug must not kill the only worker
+                if isinstance(e, SpecdecError):
+                    error = ApiError(400, str(e))
+                else:
+                    log.exception("generation failed")
+                    error = ApiError(500, "internal error during generation", code="internal_error")
                 for running in list(self._jobs):
-                    self._end(running, ApiError(500, "internal error during generation", code="internal_error"))
+                    self._end(running, error)
                 for entry in list(self.batch.entries):
                     self.batch.cancel(entry.seq)
 
@@ -251,7 +203,7 @@ class EngineWorker:
                 continue
             seq, index = running.running[id(event.seq)]
             job = running.job
-            for chunk in self.batch.stream_chunks(event):
+            for chunk in stream_chunks(self.batch, event):
                 generated = self._count(job, index, chunk)
                 if chunk.result is not None:
                     self.metrics.record_generation(chunk.result)

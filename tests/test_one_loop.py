@@ -1,0 +1,42 @@
+"""A lone request runs through the same loop as a batch (engine/batch.py), as a batch of one on
+the decoder's own runner, for every backend and method."""
+import pytest
+
+import specdec
+from specdec.errors import SpecdecError
+
+from helpers import make_model_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("one_loop"), layers=2, kv_heads=1)
+
+
+def test_a_lone_stream_holds_the_one_slot_until_closed(model_dir):
+    decoder = specdec.load(target=model_dir, method="ngram")
+    alone = decoder.batch_engine(1)
+    stream = decoder.stream("def f(x):\n    return x", max_new_tokens=30, temperature=0)
+    next(stream)
+    assert len(alone) == 1 and alone.entries[0].proposer is decoder.engine.proposer
+    with pytest.raises(SpecdecError, match="busy"):  # one lone request at a time
+        next(decoder.stream("def", max_new_tokens=3))
+    stream.close()  # the client went away: its slot is free again
+    assert len(alone) == 0
+    want = specdec.load(target=model_dir).generate("def g(y):", max_new_tokens=12, temperature=0)
+    assert decoder.generate("def g(y):", max_new_tokens=12, temperature=0).token_ids == want.token_ids
+
+
+@pytest.mark.parametrize("backend", ["native", "transformers"])
+def test_each_backend_runs_lone_requests_through_the_loop(model_dir, backend):
+    """The batch of one wraps any runner (models/one_slot.py): plain, prompt lookup and a draft
+    model give the same greedy tokens on either backend."""
+    plain = specdec.load(target=model_dir, dtype="float64", backend=backend)
+    want = plain.generate("for i in range(10):\n    ", max_new_tokens=24, temperature=0).token_ids
+    for method in ("ngram", "draft"):
+        extra = {"draft": model_dir} if method == "draft" else {}
+        spec = specdec.load(target=model_dir, dtype="float64", backend=backend, method=method, **extra)
+        result = spec.generate("for i in range(10):\n    ", max_new_tokens=24, temperature=0)
+        assert result.token_ids == want, (backend, method)
+        assert result.stats.drafted_tokens > 0
+        assert len(spec.batch_engine(1)) == 0
