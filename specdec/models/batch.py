@@ -8,17 +8,18 @@ slot's keys (one slot per batch row of the cache) and to its causal prefix; padd
 never written to the cache. In exact mode every row attends over exactly its keys as
 exact.exact_attend_row defines it, all slots in one call (exact.attend_counted), and every
 projection is row-invariant, so each row gets the bits a 1-token single-sequence pass in exact
-mode gives it, whatever else is in the batch."""
+mode gives it, whatever else is in the batch. The pass runs the model's own layers
+(LlamaModel.layer_states) with a BatchPass in place of a cache, or the one-call stack."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from specdec.kernels import invariant
-from specdec.models.cache import BatchKVCache
+from specdec.models.cache import BatchKVCache, PassAttention
 from specdec.models.exact import Counts, TreeRows, attend_counted, attend_rows
 from specdec.models.linear import project
-from specdec.models.llama import Attention, LlamaModel
+from specdec.models.llama import LlamaModel
 from specdec.models.runner import tensor_bytes
 
 # (slots attending with the shared mask, chain slots whose rows attend alone, their rows' key
@@ -42,45 +43,55 @@ def attend_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     return out.view(B, nh, T, hd).to(q.dtype)
 
 
-def _attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
-               cache: BatchKVCache, layer: int, exact_rows: ExactRows | None, exact: bool,
-               rows: tuple[torch.Tensor, torch.Tensor], shape: tuple[int, int]) -> torch.Tensor:
-    """Attention for the packed rows x [1, R, d]: their queries are spread into the padded
-    [n, heads, T, head_dim] layout (rows = (slot, row) of each packed row, shape = (n, T)),
-    attend there, and come back packed."""
-    q, k, v = attn.rotated_qkv(x, cos, sin, exact)  # [1, heads, R, head_dim]
-    k, v = cache.update_rows(layer, k[0].transpose(0, 1), v[0].transpose(0, 1))
-    slot, row = rows
-    n, T = shape
-    full = slot.numel() == n * T  # every slot as wide as the widest: packed is padded (a view)
-    if full:
-        queries = q[0].view(q.shape[1], n, T, q.shape[3]).transpose(0, 1)
-    else:
-        queries = q.new_zeros(n, q.shape[1], T, q.shape[3])  # padding rows: zeros, never read
-        queries[slot, :, row] = q[0].transpose(0, 1)
-    gqa = attn.nkv != attn.nh
-    if exact_rows is None and shape[1] <= SMALL_PASS_ROWS:
-        y = attend_masked(queries, k, v, mask)
-    elif exact_rows is None:
-        y = F.scaled_dot_product_attention(queries, k, v, attn_mask=mask, enable_gqa=gqa)
-    else:
-        shared, alone, counts, trees = exact_rows
-        if not shared and not trees:  # every slot an exact chain (no copy of the cache)
-            y = attend_counted(queries, k, v, counts)
+class BatchPass(PassAttention):
+    """What a batched pass's attention needs, handed to the model's layers in place of a cache
+    (Attention.forward calls update, then attend): the packed rows' keys and values go into
+    their slots, and each slot's queries attend there, padded to the widest slot."""
+
+    def __init__(self, cache: BatchKVCache, mask: torch.Tensor | None, exact_rows: ExactRows | None,
+                 rows: tuple[torch.Tensor, torch.Tensor], shape: tuple[int, int]):
+        self.cache, self.mask, self.exact_rows = cache, mask, exact_rows
+        self.rows, self.shape = rows, shape  # (slot, row) of each packed row; (slots n, widest T)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [1, heads, R, head_dim] of the packed rows into their slots; every slot's [n, heads, L, hd]."""
+        return self.cache.update_rows(layer, k[0].transpose(0, 1), v[0].transpose(0, 1))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The packed queries q [1, heads, R, head_dim] spread into the padded [n, heads, T,
+        head_dim] layout, attended there over their slots' keys, and packed again."""
+        slot, row = self.rows
+        n, T = self.shape
+        mask, exact_rows = self.mask, self.exact_rows
+        full = slot.numel() == n * T  # every slot as wide as the widest: packed is padded (a view)
+        if full:
+            queries = q[0].view(q.shape[1], n, T, q.shape[3]).transpose(0, 1)
         else:
-            y = torch.zeros_like(queries)
-            if shared:
-                idx = torch.tensor(shared, device=q.device)
-                y[idx] = F.scaled_dot_product_attention(queries[idx], k[idx], v[idx], attn_mask=mask[idx],
-                                                        enable_gqa=gqa)
-            if alone:
-                idx = torch.tensor(alone, device=q.device)
-                y[idx] = attend_counted(queries[idx], k[idx], v[idx], counts)
-            for b, tree in trees:  # each row over its own keys: the cache's and its ancestors'
-                width = tree.seen.shape[0]
-                y[b:b + 1, :, :width] = attend_rows(queries[b:b + 1, :, :width], k[b:b + 1], v[b:b + 1], tree)
-    y = y.transpose(0, 1).reshape(y.shape[1], n * T, y.shape[3]) if full else y[slot, :, row].transpose(0, 1)
-    return attn.output(y[None], exact)
+            queries = q.new_zeros(n, q.shape[1], T, q.shape[3])  # padding rows: zeros, never read
+            queries[slot, :, row] = q[0].transpose(0, 1)
+        gqa = k.shape[1] != q.shape[1]
+        if exact_rows is None and T <= SMALL_PASS_ROWS:
+            y = attend_masked(queries, k, v, mask)
+        elif exact_rows is None:
+            y = F.scaled_dot_product_attention(queries, k, v, attn_mask=mask, enable_gqa=gqa)
+        else:
+            shared, alone, counts, trees = exact_rows
+            if not shared and not trees:  # every slot an exact chain (no copy of the cache)
+                y = attend_counted(queries, k, v, counts)
+            else:
+                y = torch.zeros_like(queries)
+                if shared:
+                    idx = torch.tensor(shared, device=q.device)
+                    y[idx] = F.scaled_dot_product_attention(queries[idx], k[idx], v[idx], attn_mask=mask[idx],
+                                                            enable_gqa=gqa)
+                if alone:
+                    idx = torch.tensor(alone, device=q.device)
+                    y[idx] = attend_counted(queries[idx], k[idx], v[idx], counts)
+                for b, tree in trees:  # each row over its own keys: the cache's and its ancestors'
+                    width = tree.seen.shape[0]
+                    y[b:b + 1, :, :width] = attend_rows(queries[b:b + 1, :, :width], k[b:b + 1], v[b:b + 1], tree)
+        y = y.transpose(0, 1).reshape(y.shape[1], n * T, y.shape[3]) if full else y[slot, :, row].transpose(0, 1)
+        return y[None]
 
 
 def batch_forward(model: LlamaModel, ids: list[list[int]], cache: BatchKVCache, exact: list[bool] | None = None,
@@ -135,13 +146,9 @@ def batch_forward(model: LlamaModel, ids: list[list[int]], cache: BatchKVCache, 
         counts = tuple(tuple(starts[b] + t + 1 for t in range(widths[b])) for b in alone)
         exact_trees = [(b, TreeRows(starts[b], trees[b])) for b in range(n) if exact[b] and trees[b] is not None]
         exact_rows = ([b for b in range(n) if not exact[b]], alone, counts, exact_trees)
-    x = model.model.embed_tokens(flat)[None]  # [1, R, d]
-    for i, layer in enumerate(model.model.layers):
-        x = x + _attention(layer.self_attn, layer.input_layernorm(x), cos, sin, mask, cache, i, exact_rows, any_exact,
-                           (slot, row), (n, T))
-        x = x + layer.mlp(layer.post_attention_layernorm(x), any_exact)
+    # the model's own layers (DecoderLayer.forward), this pass's attention in place of a cache
+    h = model.layer_states(flat[None], cos, sin, BatchPass(cache, mask, exact_rows, (slot, row), (n, T)), any_exact)
     cache.end_pass(widths)
-    h = model.model.norm(x)
     return project(model.lm_head, h, any_exact)[0], h[0]
 
 

@@ -162,3 +162,15 @@ class SlotCache:
 
     def advance(self, n: int) -> None:
         self.batch.lengths[self.b] += n
+
+
+class PassAttention:
+    """A pass whose rows attend over more than one sequence's cache (a batch's slots), handed to
+    the model's layers in place of a cache: update writes the pass's keys and values, attend
+    computes its queries' attention (models/batch.py BatchPass)."""
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError

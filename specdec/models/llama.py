@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.models.cache import KVCache
+from specdec.models.cache import KVCache, PassAttention
 from specdec.models.compiled import compiled_forward, use_compiled
 from specdec.models.config import ModelConfig
 from specdec.models.exact import TreeRows, attend_row, attend_rows, exact_attend_row, exact_row_keys
@@ -77,7 +77,9 @@ class Attention(nn.Module):
         q, k, v = self.rotated_qkv(x, cos, sin, exact)
         if cache is not None:
             k, v = cache.update(layer, k, v)
-        if row_keys is not None:
+        if isinstance(cache, PassAttention):  # a batched pass: its slots' attention (models/batch.py)
+            y = cache.attend(q, k, v)
+        elif row_keys is not None:
             y = attend_rows(q, k, v, row_keys)
         elif T == 1 and mask is None:  # a decode step: SDPA's kernel is slow for one query
             y = exact_attend_row(q, k, v) if exact else attend_row(q, k, v)
@@ -240,11 +242,18 @@ class LlamaModel(nn.Module):
                 and (exact or self.fast_paths is None or self.fast_paths.use_stack(ids.shape[1])):
             return self._stack_states(ids, positions, cache, attn_mask)
         cos, sin, mask, row_keys = self._pass_inputs(ids, positions, cache, attn_mask, exact)
+        h = self.layer_states(ids, cos, sin, cache, exact, mask, row_keys)
+        if cache is not None:
+            cache.advance(ids.shape[1])
+        return h
+
+    def layer_states(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, exact: bool = False,
+                     mask: torch.Tensor | None = None, row_keys=None) -> torch.Tensor:
+        """Embedding, every DecoderLayer and the final norm: the one eager forward path, for a
+        sequence's pass (cache: its KVCache) and a batched one (cache: a PassAttention)."""
         x = self.model.embed_tokens(ids)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, mask, cache, i, row_keys, exact)
-        if cache is not None:
-            cache.advance(ids.shape[1])
         return self.model.norm(x)
 
     def _stack_states(self, ids: torch.Tensor, positions: torch.Tensor | None, cache: KVCache,
