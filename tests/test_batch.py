@@ -12,6 +12,7 @@ from specdec.engine.batch import BatchEngine
 from specdec.engine.requests import generate_all, stream_chunks
 from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
+from specdec.models.cache import PassPlan
 from specdec.sampling import SamplingParams
 from specdec.spec.control.batch_width import BatchDraftLength, CostTable
 from specdec.spec.verify import ChainVerdict
@@ -79,9 +80,9 @@ def test_batched_pass_equals_single_passes(model_dir):
         if len(p) > 1:
             batch.extend_slot(slot, p[:-1])
     rows = [[p[-1]] + [20, 21, 22][:slot] for slot, p in enumerate(prompts)]
-    got = batch.extend(rows)
+    got = batch.forward(PassPlan(rows))
     batch.rollback(2, len(prompts[2]) + 1)  # slot 2 keeps its context and one of its two drafts
-    got_next = batch.extend([[30], [31], [32, 33], [34]])
+    got_next = batch.forward(PassPlan([[30], [31], [32, 33], [34]]))
     for slot, p in enumerate(prompts):
         single.reset()
         want = single.extend(p[:-1] + rows[slot])[len(p) - 1:]

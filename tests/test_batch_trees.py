@@ -13,6 +13,7 @@ import specdec.engine.verdicts
 from specdec.engine.batch import BatchEngine
 from specdec.engine.requests import generate_all
 from specdec.models.batch import BatchRunner
+from specdec.models.cache import PassPlan
 from specdec.sampling import SamplingParams
 from specdec.spec.verify import tree_attention_mask, tree_depths
 
@@ -84,7 +85,7 @@ def test_a_batched_tree_pass_gives_each_slot_its_single_pass_logits(dirs):
         batch.extend_slot(slot, p[:-1])
     rows = [[p[-1]] + [20, 21, 22, 23, 24][:len(par) if par else 2] for p, par in zip(prompts, parents)]
     trees = [None if par is None else tree_attention_mask(par).to(torch.bool) for par in parents]
-    got = batch.extend(rows, trees=trees)
+    got = batch.forward(PassPlan(rows, trees=trees))
     for slot, (p, par) in enumerate(zip(prompts, parents)):
         single.reset()
         single.extend(p[:-1])
@@ -96,7 +97,7 @@ def test_a_batched_tree_pass_gives_each_slot_its_single_pass_logits(dirs):
         torch.testing.assert_close(batch.last_hidden[slot], single.last_hidden, rtol=0, atol=1e-12)
     batch.keep(0, len(prompts[0]) - 1, [0, 2, 4])  # the path root -> node 1 -> node 3
     assert batch.length(0) == len(prompts[0]) + 2
-    after = batch.extend([[40], [41], [42]])
+    after = batch.forward(PassPlan([[40], [41], [42]]))
     single.reset()
     single.extend(prompts[0][:-1] + [rows[0][0], rows[0][2], rows[0][4]])
     torch.testing.assert_close(after[0], single.extend([40]), rtol=0, atol=1e-12)

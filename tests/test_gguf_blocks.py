@@ -192,11 +192,12 @@ def test_the_one_call_stack_is_the_layers_rows_and_each_row_alone(tiny_quantized
     runner.rollback(21)
     assert torch.equal(tree[2:], torch.cat([runner.extend([7]), runner.extend([9])]))
     from specdec.models.batch import BatchRunner
+    from specdec.models.cache import PassPlan
 
     batch = BatchRunner(model, 3, 64)
     for slot, n in enumerate((20, 5, 12)):
         batch.extend_slot(slot, ids[:n])
-    rows = batch.extend([ids[20:24], ids[5:6], ids[12:14]])
+    rows = batch.forward(PassPlan([ids[20:24], ids[5:6], ids[12:14]]))
     assert torch.equal(rows[0], alone)
     runner.reset()
     assert torch.equal(rows[2], runner.extend(ids[:14])[12:])

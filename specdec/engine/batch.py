@@ -48,7 +48,7 @@ from specdec.engine.sequence import GenerationResult, Sequence
 from specdec.engine.verdicts import chain_verdict, tree_verdict
 from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
-from specdec.models.cache import shared_prefix
+from specdec.models.cache import PassPlan, shared_prefix
 from specdec.models.one_slot import OneSlotRunner
 from specdec.sampling import SamplingParams
 from specdec.sampling.logprobs import token_logprobs
@@ -254,8 +254,8 @@ class BatchEngine:
             if proposal.parents is not None:
                 trees[slot] = tree_attention_mask(proposal.parents).to(torch.bool)
         t0 = time.perf_counter()
-        logits = self.runner.extend(rows, exact, trees,
-                                    want_hidden=any(self.entries[slot].needs_hidden for slot in ready))
+        logits = self.runner.forward(PassPlan(rows, exact, trees,
+                                              want_hidden=any(self.entries[slot].needs_hidden for slot in ready)))
         target_seconds = time.perf_counter() - t0
         drafting = [b for slot, b in zip(ready, budgets) if b and self.drafting.in_draft_pass(self.entries[slot])]
         self.drafting.width.observe(sum(len(r) for r in rows), target_seconds, len(drafting),

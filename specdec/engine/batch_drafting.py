@@ -13,6 +13,7 @@ from specdec.engine.core import Engine
 from specdec.engine.sequence import Sequence
 from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
+from specdec.models.cache import PassPlan
 from specdec.spec.control.batch_width import BatchDraftLength
 from specdec.spec.control.tree_size import TreeSizeController
 from specdec.spec.proposers.base import Proposal, Proposer
@@ -102,12 +103,12 @@ class BatchDrafting:
             return min(times)
 
         def target_pass(n: int, width: int) -> None:
-            runner.extend([[filler] * width] * n, [exact] * n)
+            runner.forward(PassPlan([[filler] * width] * n, [exact] * n))
             for slot in range(n):
                 runner.rollback(slot, context)
 
         def draft_pass(n: int) -> None:
-            self.draft.runner.extend([[filler]] * n)
+            self.draft.runner.forward(PassPlan([[filler]] * n, want_hidden=False))
             for slot in range(n):
                 self.draft.runner.rollback(slot, context)
 

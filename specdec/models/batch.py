@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.kernels import invariant
-from specdec.models.cache import BatchKVCache, PassAttention
+from specdec.models.cache import BatchKVCache, PassAttention, PassPlan
 from specdec.models.exact import Counts, TreeRows, attend_counted, attend_rows
 from specdec.models.linear import project
 from specdec.models.llama import LlamaModel
@@ -177,13 +177,12 @@ class BatchRunner:
         return self.cache.lengths[slot]
 
     @torch.inference_mode()
-    def extend(self, ids: list[list[int]], exact: list[bool] | None = None,
-               trees: list[torch.Tensor | None] | None = None, want_hidden: bool = True) -> list[torch.Tensor]:
-        """One pass over slots [0, len(ids)) (trees: batch_forward's); per slot the logits
-        [len(ids[b]), V] of its rows; their final hidden states per slot in last_hidden
-        (always: they cost nothing more here)."""
-        logits, hidden = batch_forward(self.model, ids, self.cache, exact, trees)
-        widths = [len(row) for row in ids]
+    def forward(self, plan: PassPlan) -> list[torch.Tensor]:
+        """One pass over the plan's slots; per slot the logits [len(plan.rows[b]), V] of its
+        rows; their final hidden states per slot in last_hidden (always: they cost nothing
+        more here)."""
+        logits, hidden = batch_forward(self.model, plan.rows, self.cache, plan.exact, plan.trees)
+        widths = [len(row) for row in plan.rows]
         self.last_hidden = list(hidden.split(widths))
         return list(logits.split(widths))
 

@@ -3,6 +3,8 @@ forgotten by moving `length` back, and an accepted tree path is kept by copying 
 down (`keep`)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -162,6 +164,17 @@ class SlotCache:
 
     def advance(self, n: int) -> None:
         self.batch.lengths[self.b] += n
+
+
+@dataclass
+class PassPlan:
+    """One pass over slots [0, n) of a runner (BatchRunner.forward, OneSlotRunner.forward):
+    per slot the tokens appended to it, whether its rows are exact (each computed as a 1-token
+    pass would), and its tree (bool [T, T], verify.tree_attention_mask; None: a chain)."""
+    rows: list[list[int]]
+    exact: list[bool] | None = None
+    trees: list[torch.Tensor | None] | None = None
+    want_hidden: bool = True  # the final hidden states of every row (runner.last_hidden)
 
 
 class PassAttention:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.models.cache import PassPlan
 from specdec.models.runner import Runner
 
 
@@ -30,17 +31,16 @@ class OneSlotRunner:
     def length(self, slot: int = 0) -> int:
         return self.runner.length
 
-    def extend(self, ids: list[list[int]], exact: list[bool] | None = None,
-               trees: list[torch.Tensor | None] | None = None, want_hidden: bool = False) -> list[torch.Tensor]:
-        """The one slot's pass: ids[0] appended; a tree (bool [T, T], verify.tree_attention_mask)
-        puts each row at its depth's position."""
-        (row,) = ids
-        tree = trees[0] if trees else None
+    def forward(self, plan: PassPlan) -> list[torch.Tensor]:
+        """The one slot's pass: plan.rows[0] appended; a tree puts each row at its depth's position."""
+        (row,) = plan.rows
+        tree = plan.trees[0] if plan.trees else None
         kwargs = {}
         if tree is not None:
             kwargs = {"attn_mask": tree, "positions": self.runner.length + tree.sum(1) - 1}
-        logits = self.runner.extend(row, want_hidden=want_hidden, exact=bool(exact and exact[0]), **kwargs)
-        self.last_hidden = [self.runner.last_hidden] if want_hidden else []
+        exact = bool(plan.exact and plan.exact[0])
+        logits = self.runner.extend(row, want_hidden=plan.want_hidden, exact=exact, **kwargs)
+        self.last_hidden = [self.runner.last_hidden] if plan.want_hidden else []
         return [logits]
 
     def extend_slot(self, slot: int, ids: list[int], exact: bool = False, want_logits: bool = True,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.models.batch import BatchRunner
+from specdec.models.cache import PassPlan
 from specdec.models.llama import LlamaModel
 from specdec.sampling import SamplingParams, final_probs, sample
 from specdec.sampling.penalties import TokenHistory, adjust_logits
@@ -85,7 +86,7 @@ class BatchDraftModel:
     def _pass(self, feeds: dict[int, list[int]]) -> dict[int, torch.Tensor]:
         """One batched pass: feeds[slot] appended to each slot; the last logits row per slot."""
         rows = [feeds.get(slot, []) for slot in range(max(feeds) + 1)]
-        logits = self.runner.extend(rows)
+        logits = self.runner.forward(PassPlan(rows, want_hidden=False))
         for slot, ids in feeds.items():
             self.cached[slot] += ids
         return {slot: logits[slot][-1] for slot in feeds}
