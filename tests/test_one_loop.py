@@ -40,3 +40,18 @@ def test_each_backend_runs_lone_requests_through_the_loop(model_dir, backend):
         assert result.token_ids == want, (backend, method)
         assert result.stats.drafted_tokens > 0
         assert len(spec.batch_engine(1)) == 0
+
+
+def test_a_cancelled_stream_leaves_its_prompt_rows_for_the_next_request(model_dir):
+    """An editor cancels a completion as the user types on: the next request, which shares the
+    text before the cursor, reuses those cache rows (the slot is left as the last step left it)."""
+    decoder = specdec.load(target=model_dir)
+    prompt = "def f(x):\n    return x + 1\n\n\ndef g(y):\n"
+    stream = decoder.stream(prompt, max_new_tokens=30, temperature=0, ignore_eos=True)
+    next(stream)
+    next(stream)
+    stream.close()
+    got = decoder.generate(prompt + "    return", max_new_tokens=12, temperature=0)
+    assert got.stats.cached_prompt_tokens >= len(decoder.tokenizer.encode(prompt)) - 2
+    fresh = specdec.load(target=model_dir).generate(prompt + "    return", max_new_tokens=12, temperature=0)
+    assert got.token_ids == fresh.token_ids and fresh.stats.cached_prompt_tokens == 0

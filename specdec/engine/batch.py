@@ -89,6 +89,7 @@ class BatchEngine:
         self.entries: list[BatchEntry] = []  # entries[b] is in slot b
         # a free slot's context whose all-but-last tokens its cache still holds (prefix reuse)
         self.held: list[list[int] | None] = [None] * max_batch
+        self.settled = True  # every slot's cache holds its tokens (no step failed midway)
         if calibrate:
             self.calibrate()
 
@@ -183,7 +184,8 @@ class BatchEngine:
 
     def _release(self, slot: int) -> None:
         """Free a slot, keeping the running sequences in slots [0, n): the last one moves in. A
-        finished sequence in the last slot leaves its cache for prefix reuse."""
+        sequence leaving the last slot (finished or cancelled between steps: an editor cancels
+        as the user types) leaves its cache there for prefix reuse."""
         last = len(self.entries) - 1
         entry = self.entries[slot]
         self.drafting.release(entry)
@@ -193,8 +195,8 @@ class BatchEngine:
                 self.draft.move(last, slot)
             self.entries[slot] = self.entries[last]
         self.entries.pop()
-        keep = slot == last and entry.seq.finish_reason is not None and getattr(self.runner, "kv_rows_invariant", False)
-        self.held[last] = entry.seq.context if keep else None
+        keep = slot == last and self.settled and getattr(self.runner, "kv_rows_invariant", False)
+        self.held[last] = entry.seq.context[:self.runner.length(last) + 1] if keep else None
         if not keep:
             self.runner.rollback(last, 0)
         if self.draft is not None:
@@ -205,12 +207,14 @@ class BatchEngine:
         """Prefill work, then one decode step for every prefilled sequence (one target pass):
         one event per sequence that did something. Finished sequences leave the batch (their
         events carry finish_reason; `finish` gives the result)."""
+        self.settled = False  # a step that fails midway leaves the caches unknown
         events = self._prefill()
         ready = [slot for slot, entry in enumerate(self.entries) if entry.ready]
         if ready:
             decoded = self._decode(ready)
             seqs = {id(event.seq) for event in decoded}
             events = [event for event in events if id(event.seq) not in seqs] + decoded  # one event per sequence
+        self.settled = True
         for slot in reversed(range(len(self.entries))):
             if self.entries[slot].seq.finish_reason is not None:
                 self._release(slot)
