@@ -172,7 +172,7 @@ class BatchEngine:
 
     def finish(self, seq: Sequence) -> tuple[GenerationResult, str]:
         """The result of a finished sequence, and its text held back until now."""
-        if seq.controller is self.engine.controller_for(seq.params):
+        if self.max_batch == 1 and seq.stats.method == self.engine.method:  # the engine's own controller
             self.engine.remember(seq)
         elif seq.stats.method == self.engine.method and seq.stats.method != "none":
             shared = self.engine.controller_for(seq.params)
