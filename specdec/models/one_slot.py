@@ -11,17 +11,10 @@ from specdec.models.runner import Runner
 
 
 class OneSlotRunner:
-    max_batch = 1
-
     def __init__(self, runner: Runner):
         self.runner = runner
         self.max_len = runner.max_len
-        self.vocab_size = runner.vocab_size
         self.last_hidden: list[torch.Tensor] = []
-
-    @property
-    def supports_tree(self) -> bool:
-        return self.runner.supports_tree
 
     @property
     def kv_rows_invariant(self) -> bool:
@@ -58,7 +51,3 @@ class OneSlotRunner:
 
     def move(self, src: int, dst: int) -> None:
         raise AssertionError("a batch of one never moves a slot")
-
-    def memory_bytes(self) -> int:
-        """The cache is the runner's, counted with its weights (Engine.memory_bytes)."""
-        return 0
