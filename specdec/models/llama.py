@@ -247,8 +247,9 @@ class LlamaModel(nn.Module):
             cache.advance(ids.shape[1])
         return h
 
-    def layer_states(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, exact: bool = False,
-                     mask: torch.Tensor | None = None, row_keys=None) -> torch.Tensor:
+    def layer_states(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     cache: KVCache | PassAttention | None, exact: bool = False, mask: torch.Tensor | None = None,
+                     row_keys: list[int] | TreeRows | None = None) -> torch.Tensor:
         """Embedding, every DecoderLayer and the final norm: the one eager forward path, for a
         sequence's pass (cache: its KVCache) and a batched one (cache: a PassAttention)."""
         x = self.model.embed_tokens(ids)
