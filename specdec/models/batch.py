@@ -191,7 +191,8 @@ class BatchRunner:
                     want_logits: bool = True, want_hidden: bool = True) -> torch.Tensor | None:
         """A single-sequence pass on one slot (a prefill chunk): the very computation
         NativeRunner.extend does, on that slot's cache. Logits [len(ids), V] (None when not
-        want_logits: the LM head skipped)."""
+        want_logits: the LM head skipped). The hidden states are kept whatever want_hidden says
+        (OneSlotRunner's interface): the pass computes them anyway."""
         x = torch.tensor([ids], dtype=torch.long, device=self.model.device)
         logits, hidden = self.model(x, None, self.cache.slot(slot), exact=exact, want_logits=want_logits,
                                     return_hidden=True)
