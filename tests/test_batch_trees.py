@@ -198,3 +198,28 @@ def test_a_batch_drafts_with_forked_drafters_only_where_they_pay(dirs, drafting_
     assert on_steps > 150 if drafting_pays else on_steps < 30
     drafting.forked_gate(entries, [0, 1], [0, 0])  # nothing to draft: no gate consulted
     assert drafting.gate is None
+
+
+def test_a_larger_batch_does_not_explore_forked_drafting_where_a_smaller_one_lost(dirs):
+    """Forked drafting only costs more in a fuller batch: once 2 sequences measured it slower
+    than plain steps, 4 never pay for trying it, until the smaller batch finds it paying."""
+    from types import SimpleNamespace
+
+    target, heads = dirs
+    spec = specdec.load(target=target, draft=heads["eagle"], method="eagle", calibrate=False)
+    drafting = spec.batch_engine(4).drafting
+    entries = [SimpleNamespace(forked=True)] * 4
+
+    def steps(ready: list[int], n: int, pays: bool) -> int:
+        on_steps = 0
+        for _ in range(n):
+            on = drafting.forked_gate(entries, ready, [4] * len(ready))
+            on_steps += on
+            drafting.observe_step(6 if on else 2, (0.01 if pays else 0.04) if on else 0.01)
+        return on_steps
+
+    assert 0 < steps([0, 1], 40, pays=False) < 10  # explored, then off
+    assert steps([0, 1, 2, 3], 40, pays=False) == 0
+    assert drafting.forked_gates[4].samples[0] == 40  # its plain steps still measured
+    steps([0, 1], 300, pays=True)  # the smaller batch's probes find drafting paying
+    assert steps([0, 1, 2, 3], 40, pays=True) > 20

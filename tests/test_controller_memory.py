@@ -150,5 +150,6 @@ def test_a_second_process_starts_from_the_first_ones_controller(tmp_path):
     other = specdec.load(method="ngram", memory=path, calibrate=False, max_draft_tokens=4)  # another setup
     assert other.engine.controller_for(SamplingParams(temperature=0.0)).accepted_count == 0
     assert sampling_key(SamplingParams(temperature=1.0)) != sampling_key(SamplingParams(temperature=0.7))
+    assert sampling_key(SamplingParams(temperature=0)) == sampling_key(SamplingParams(temperature=0.0))
     assert specdec.load(method="ngram", memory=False, calibrate=False).engine.memory is None
     assert specdec.load(method="none", memory=path, calibrate=False).engine.memory is None  # nothing to learn

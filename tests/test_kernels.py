@@ -61,6 +61,33 @@ def test_attention_by_counts_or_positions_gives_the_same_bits(dtype):
     assert torch.allclose(by_count[:1, :, :1].double(), reference[:1], atol=1e-5 if dtype == torch.float32 else 1e-2)
 
 
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("hd", [44, 64, 72])  # a tail; 8 vectors; 8 vectors and one more
+def test_each_attention_row_has_the_bits_it_has_alone(dtype, hd):
+    """Rows of one sequence share the conversion of the keys they all see (a verify pass's chain or
+    tree over a long prefix); each row's output must still be what a call of that row alone gives."""
+    g = torch.Generator().manual_seed(3)
+    B, nh, nkv, L = 2, 6, 2, 120
+    k, v = (torch.randn(B, nkv, L, hd, generator=g).to(dtype) for _ in range(2))
+    counts = [71, 72, 73, 74, 101, 0, 99, 100]  # per sequence: shared prefixes of 71 and 0 keys
+    q = torch.randn(B, nh, 4, hd, generator=g).to(dtype)
+    together = invariant.attend(q, k, v, counts)
+    for b in range(B):
+        for t in range(4):
+            alone = invariant.attend(q[b:b + 1, :, t:t + 1], k[b:b + 1], v[b:b + 1], [counts[b * 4 + t]])
+            assert torch.equal(together[b, :, t], alone[0, :, 0]), (b, t)
+    # a tree: a prefix of 70 keys, then each row's ancestors (cache order)
+    lists = [list(range(70)) + extra for extra in ([70], [70, 71], [70, 72], [70, 71, 73])] * 2
+    lists[4] = list(range(65)) + [66, 70]  # the second sequence's rows share 65 leading keys
+    together = invariant.attend(q, k, v, [], invariant.key_lists([torch.tensor(x) for x in lists]))
+    for b in range(B):
+        for t in range(4):
+            one = invariant.key_lists([torch.tensor(lists[b * 4 + t])])
+            alone = invariant.attend(q[b:b + 1, :, t:t + 1], k[b:b + 1], v[b:b + 1], [], one)
+            assert torch.equal(together[b, :, t], alone[0, :, 0]), (b, t)
+
+
 def test_turned_off_or_refused_with_a_reason(tmp_path):
     code = ("from specdec.kernels import build, invariant; import torch; "
             "print(build.load() is None, build.unavailable(), invariant.linear(torch.ones(1, 8), torch.ones(2, 8)))")

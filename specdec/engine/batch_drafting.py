@@ -175,9 +175,22 @@ class BatchDrafting:
         if self.engine.fixed_draft_tokens is not None or len(ready) == 1 or not any(
                 entries[slot].forked and lim for slot, lim in zip(ready, limits)):
             return True
-        gate = self.forked_gates.setdefault(1 << (len(ready).bit_length() - 1), TreeSizeController([1]))
+        bucket = 1 << (len(ready).bit_length() - 1)
+        gate = self.forked_gates.setdefault(bucket, TreeSizeController([1]))
+        if gate.samples.get(1, 0) < gate.min_samples and self._smaller_batch_gate_off(bucket):
+            self.gate = (gate, 0)  # not explored: the smaller batch it would cost less in lost
+            return False
         self.gate = (gate, gate.choose(1))
         return self.gate[1] == 1
+
+    def _smaller_batch_gate_off(self, bucket: int) -> bool:
+        """Whether a smaller batch measured forked drafting slower than plain steps. Its cost
+        only grows with the batch (a pass fuller of rows is more compute-bound, and the forks
+        draft one after another), and so does what an exploration step loses: a batch is not
+        explored where a smaller one lost."""
+        return any(size < bucket and gate.samples.get(0, 0) >= gate.min_samples
+                   and gate.samples.get(1, 0) >= gate.min_samples and gate.rate(1) < gate.rate(0)
+                   for size, gate in self.forked_gates.items())
 
     def observe_step(self, tokens: int, seconds: float) -> None:
         """The whole batch step's tokens and seconds (drafting, pass, verification), for the

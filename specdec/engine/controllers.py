@@ -17,9 +17,11 @@ MAX_SETTINGS = 64  # controllers kept; the oldest setting goes first
 
 def sampling_key(params: SamplingParams) -> tuple:
     """The settings acceptance depends on: one controller (and memory entry) per value."""
-    return (params.temperature, params.top_k, params.top_p, params.min_p, params.presence_penalty,
-            params.frequency_penalty, params.repetition_penalty, params.logit_bias, params.grammar is not None,
-            params.drafter_invariant)
+    # floats as floats: a request's `"temperature": 0` and the default 0.0 are one setting (they
+    # were two memory entries, each learning alone)
+    return (float(params.temperature), params.top_k, float(params.top_p), float(params.min_p),
+            float(params.presence_penalty), float(params.frequency_penalty), float(params.repetition_penalty),
+            params.logit_bias, params.grammar is not None, params.drafter_invariant)
 
 
 def new_controller(tree_sizes: list[int] | None, max_draft_tokens: int, fixed: int | None,

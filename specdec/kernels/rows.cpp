@@ -14,6 +14,7 @@
 // list of cache positions, in cache order), softmax and the weighted sum of values, with sums in
 // the same fixed lane order; nothing depends on the other rows of the call.
 #include <immintrin.h>
+#include <omp.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -585,64 +586,188 @@ inline void dots(const float* q, const typename W::T* const* k, int64_t hd, floa
     }
 }
 
+// The runs of a call: consecutive rows reading one sequence (the same base), and for each the keys
+// [0, P) every row of it sees (P: the shortest row's count, or leading run of positions 0, 1, ...
+// in its list).
+inline void row_runs(const int64_t* base, const int64_t* count, const int64_t* start, const int64_t* index,
+                     int64_t rows, std::vector<int64_t>& run_start, std::vector<int64_t>& shared) {
+    for (int64_t r = 0; r < rows; ++r)
+        if (r == 0 || base[r] != base[r - 1]) run_start.push_back(r);
+    run_start.push_back(rows);
+    for (size_t u = 0; u + 1 < run_start.size(); ++u) {
+        int64_t p = INT64_MAX;
+        for (int64_t r = run_start[u]; r < run_start[u + 1]; ++r) {
+            int64_t pr = count[r];
+            if (index) {
+                const int64_t* at = index + start[r];
+                pr = 0;
+                while (pr < count[r] && at[pr] == pr) ++pr;
+            }
+            p = std::min(p, pr);
+        }
+        shared.push_back(p);
+    }
+}
+
+// positions [c0, c1) of one kv head, converted to float32 (exactly) into buf [c1 - c0, hd]
+template <class W>
+inline void convert_keys(const typename W::T* kg, int64_t c0, int64_t c1, int64_t hd, int64_t pos_stride, float* buf) {
+    const int64_t h8 = hd & ~int64_t(7);
+    for (int64_t j = c0; j < c1; ++j) {
+        const typename W::T* src = kg + j * pos_stride;
+        float* dst = buf + (j - c0) * hd;
+        for (int64_t d = 0; d < h8; d += 8) _mm256_storeu_ps(dst + d, W::load(src + d));
+        for (int64_t d = h8; d < hd; ++d) dst[d] = W::one(src + d);
+    }
+}
+
+// scores[j] = q . key j for the keys [j0, j1) given by their rows in buf or their cache positions
+template <class W>
+inline void score_keys(const float* qh, const typename W::T* kg, const int64_t* at, int64_t j0, int64_t j1,
+                       int64_t hd, int64_t pos_stride, float* scores) {
+    constexpr int G = 8;  // 8 independent sums: the FMA latency hidden
+    const typename W::T* keys[G];
+    int64_t j = j0;
+    for (; j + G <= j1; j += G) {
+        for (int i = 0; i < G; ++i) keys[i] = kg + (at ? at[j + i] : j + i) * pos_stride;
+        dots<W, G>(qh, keys, hd, scores + j);
+    }
+    for (; j < j1; ++j) {
+        keys[0] = kg + (at ? at[j] : j) * pos_stride;
+        dots<W, 1>(qh, keys, hd, scores + j);
+    }
+}
+
+// acc[0 .. 8C) += sum_j p[j] * v_j[d0 .. d0 + 8C) over the keys [j0, j1) in order, C vectors in registers
+template <class W, int C>
+inline void weigh_lanes(const float* p, const typename W::T* vg, const int64_t* at, int64_t j0, int64_t j1,
+                        int64_t pos_stride, int64_t d0, float* acc) {
+    __m256 a[C];
+    for (int c = 0; c < C; ++c) a[c] = _mm256_loadu_ps(acc + 8 * c);
+    for (int64_t j = j0; j < j1; ++j) {
+        const typename W::T* vj = vg + (at ? at[j] : j) * pos_stride + d0;
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(pj, W::load(vj + 8 * c), a[c]);
+    }
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + 8 * c, a[c]);
+}
+
+// acc[d] += sum_j p[j] * v_j[d] over the keys [j0, j1) in order, each d on its own
+template <class W>
+inline void weigh_values(const float* p, const typename W::T* vg, const int64_t* at, int64_t j0, int64_t j1,
+                         int64_t hd, int64_t pos_stride, float* acc) {
+    const int64_t h8 = hd & ~int64_t(7);
+    int64_t d0 = 0;
+    for (; d0 + 64 <= h8; d0 += 64) weigh_lanes<W, 8>(p, vg, at, j0, j1, pos_stride, d0, acc + d0);
+    for (; d0 < h8; d0 += 8) weigh_lanes<W, 1>(p, vg, at, j0, j1, pos_stride, d0, acc + d0);
+    for (int64_t j = j0; j < j1; ++j) {
+        const typename W::T* vj = vg + (at ? at[j] : j) * pos_stride;
+        for (int64_t d = h8; d < hd; ++d) acc[d] = fmaf(p[j], W::one(vj + d), acc[d]);
+    }
+}
+
+// exp(s - max) over a row's n scores (padded with -inf to n8) in place; returns 1 / their sum
+inline float softmax_in_place(float* sc, int64_t n, float scale) {
+    const int64_t n8 = (n + 7) & ~int64_t(7);
+    const __m256 sv = _mm256_set1_ps(scale);
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(sc + j), sv);
+        _mm256_storeu_ps(sc + j, x);
+        mv = _mm256_max_ps(mv, x);
+    }
+    float m = -INFINITY;
+    for (; j < n; ++j) {
+        sc[j] *= scale;
+        m = std::max(m, sc[j]);
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, mv);
+    for (int i = 0; i < 8; ++i) m = std::max(m, lanes[i]);  // a maximum: the same in any order
+    for (j = n; j < n8; ++j) sc[j] = -INFINITY;
+    mv = _mm256_set1_ps(m);
+    __m256 sum = _mm256_setzero_ps();
+    for (j = 0; j < n8; j += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mv));
+        _mm256_storeu_ps(sc + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    return 1.0f / hsum(sum);
+}
+
 // q [rows, nh, hd] float32; row r reads the sequence at k + base[r] (v + base[r]) with
 // position p's head g at p * pos_stride + g * head_stride; its keys are positions
 // index[start[r] .. start[r] + count[r]) when index is given, else 0 .. count[r]. out [rows, nh, hd].
+// Every (row, head) gets the same instructions over its keys in order whatever the rest of the call
+// holds: its scores, softmax and weighted sum of values. The query heads of a kv head, over the rows
+// of a run, only share the conversion of the keys and values they all see to float32 (exact), CH at a
+// time: a verify pass (and a grouped-query head) reads those once, not once a row and head.
 template <class W, class Y>
 void attend(const float* q, const typename W::T* k, const typename W::T* v, const int64_t* base,
             const int64_t* count, const int64_t* start, const int64_t* index, Y* out,
             int64_t rows, int64_t nh, int64_t nkv, int64_t hd, int64_t pos_stride, int64_t head_stride,
             float scale) {
+    constexpr int64_t CH = 16;
     const int64_t group = nh / nkv;
+    std::vector<int64_t> run_start, shared;
+    row_runs(base, count, start, index, rows, run_start, shared);
+    const int64_t runs = int64_t(shared.size());
+    // work items: a run's query heads of one kv head, split in `parts` so that a lone sequence's
+    // few kv heads still keep every thread busy (each part converts the shared keys for itself)
+    const int64_t threads = omp_get_max_threads();
+    const int64_t parts = std::max<int64_t>(1, (2 * threads + runs * nkv - 1) / (runs * nkv));
     #pragma omp parallel
     {
-        std::vector<float> scores, acc(hd);
+        std::vector<float> scores, acc, inv, buf(CH * hd);
         #pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < rows * nh; ++item) {
-            const int64_t r = item / nh, h = item % nh, g = h / group, n = count[r];
-            const float* qh = q + item * hd;
-            Y* o = out + item * hd;
-            if (n == 0) { for (int64_t d = 0; d < hd; ++d) store(o + d, 0.f); continue; }
-            const typename W::T* kg = k + base[r] + g * head_stride;
-            const typename W::T* vg = v + base[r] + g * head_stride;
-            const int64_t* at = index ? index + start[r] : nullptr;
-            const int64_t n8 = (n + 7) & ~int64_t(7);
-            scores.resize(n8);
-            float m = -INFINITY;
-            constexpr int G = 4;
-            const typename W::T* keys[G];
-            int64_t j = 0;
-            for (; j + G <= n; j += G) {
-                for (int i = 0; i < G; ++i) keys[i] = kg + (at ? at[j + i] : j + i) * pos_stride;
-                dots<W, G>(qh, keys, hd, &scores[j]);
+        for (int64_t item = 0; item < runs * nkv * parts; ++item) {
+            const int64_t u = item / (nkv * parts), g = item / parts % nkv, part = item % parts;
+            // a lone row reads its keys as it goes: a copy would be read back by as few as one head
+            const int64_t r0 = run_start[u], R = run_start[u + 1] - r0, P = R > 1 ? shared[u] : 0;
+            const int64_t all = R * group;  // the run's query vectors of this kv head: (row, head)
+            const int64_t first = all * part / parts, Q = all * (part + 1) / parts - first;
+            if (Q == 0) continue;
+            const typename W::T* kg = k + base[r0] + g * head_stride;
+            const typename W::T* vg = v + base[r0] + g * head_stride;
+            int64_t stride = 8;
+            for (int64_t r = r0; r < r0 + R; ++r) stride = std::max(stride, (count[r] + 7) & ~int64_t(7));
+
+            scores.resize(Q * stride);
+            acc.assign(Q * hd, 0.f);
+            inv.resize(Q);
+            auto row = [&](int64_t i) { return r0 + (first + i) / group; };
+            auto head = [&](int64_t i) { return g * group + (first + i) % group; };
+            auto query = [&](int64_t i) { return q + (row(i) * nh + head(i)) * hd; };
+            for (int64_t c0 = 0; c0 < P; c0 += CH) {  // the shared keys
+                const int64_t c1 = std::min(P, c0 + CH);
+                convert_keys<W>(kg, c0, c1, hd, pos_stride, buf.data());
+                for (int64_t i = 0; i < Q; ++i)
+                    score_keys<F32>(query(i), buf.data(), nullptr, 0, c1 - c0, hd, hd, &scores[i * stride + c0]);
             }
-            for (; j < n; ++j) {
-                keys[0] = kg + (at ? at[j] : j) * pos_stride;
-                dots<W, 1>(qh, keys, hd, &scores[j]);
+            for (int64_t i = 0; i < Q; ++i) {  // each row's own keys, and the softmax
+                const int64_t r = row(i), n = count[r];
+                if (n == 0) continue;
+                score_keys<W>(query(i), kg, index ? index + start[r] : nullptr, P, n, hd, pos_stride, &scores[i * stride]);
+                inv[i] = softmax_in_place(&scores[i * stride], n, scale);
             }
-            for (j = 0; j < n; ++j) {
-                scores[j] *= scale;
-                m = std::max(m, scores[j]);
+            for (int64_t c0 = 0; c0 < P; c0 += CH) {  // the shared values
+                const int64_t c1 = std::min(P, c0 + CH);
+                convert_keys<W>(vg, c0, c1, hd, pos_stride, buf.data());
+                for (int64_t i = 0; i < Q; ++i)
+                    weigh_values<F32>(&scores[i * stride + c0], buf.data(), nullptr, 0, c1 - c0, hd, hd, &acc[i * hd]);
             }
-            for (int64_t j = n; j < n8; ++j) scores[j] = -INFINITY;
-            const __m256 mv = _mm256_set1_ps(m);
-            __m256 sum = _mm256_setzero_ps();
-            for (int64_t j = 0; j < n8; j += 8) {
-                const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(&scores[j]), mv));
-                _mm256_storeu_ps(&scores[j], e);
-                sum = _mm256_add_ps(sum, e);
+            for (int64_t i = 0; i < Q; ++i) {
+                const int64_t r = row(i), n = count[r];
+                Y* o = out + (r * nh + head(i)) * hd;
+                if (n == 0) {
+                    for (int64_t d = 0; d < hd; ++d) store(o + d, 0.f);
+                    continue;
+                }
+                weigh_values<W>(&scores[i * stride], vg, index ? index + start[r] : nullptr, P, n, hd, pos_stride,
+                                &acc[i * hd]);
+                for (int64_t d = 0; d < hd; ++d) store(o + d, acc[i * hd + d] * inv[i]);
             }
-            const float inv = 1.0f / hsum(sum);
-            std::fill(acc.begin(), acc.end(), 0.f);
-            const int64_t h8 = hd & ~int64_t(7);
-            for (int64_t j = 0; j < n; ++j) {
-                const typename W::T* vj = vg + (at ? at[j] : j) * pos_stride;
-                const __m256 pj = _mm256_set1_ps(scores[j]);
-                for (int64_t d = 0; d < h8; d += 8)
-                    _mm256_storeu_ps(&acc[d], _mm256_fmadd_ps(pj, W::load(vj + d), _mm256_loadu_ps(&acc[d])));
-                for (int64_t d = h8; d < hd; ++d) acc[d] = fmaf(scores[j], W::one(vj + d), acc[d]);
-            }
-            for (int64_t d = 0; d < hd; ++d) store(o + d, acc[d] * inv);
         }
     }
 }
@@ -836,7 +961,7 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
 
 extern "C" {
 
-int specdec_kernels_version() { return 8; }
+int specdec_kernels_version() { return 9; }
 
 // y = x @ w.T (times scale, plus bias: both optional, float32 [N]); x and y float32 or bfloat16
 void linear_bf16(const void* x, int x_bf16, const uint16_t* w, const float* bias, void* y, int y_bf16,

@@ -125,15 +125,14 @@ def cmd_eagle_data(args) -> int:
     from specdec.data.corpus import split_files
     from specdec.engine.text import TextTokenizer
     from specdec.models.bundled import resolve_model_name
-    from specdec.models.checkpoint import load_native
-    from specdec.train.features import FEATURES_FILE, code_windows, extract_features
+    from specdec.train.features import FEATURES_FILE, code_windows, extract_features, feature_model
     from specdec.train.self_distill import read_generations
 
     out = Path(args.out)
     train_files, held_files = split_files(corpus_root(args.corpus))
     _answers(args, train_files, out)
     target_path = resolve_model_name(args.target)
-    model = load_native(target_path, args.dtype)
+    model = feature_model(target_path, args.dtype)
     tok = TextTokenizer(target_path).tok
     if not (out / "train" / FEATURES_FILE).is_file():
         gens = read_generations(out / "generations.jsonl")
