@@ -321,3 +321,23 @@ def test_a_pass_asking_for_its_last_row_gets_that_row_alone():
     last = runner.extend([7, 8], exact=True, last_logits=True)
     assert last.shape == (1, full.shape[-1]) and torch.equal(last[0], full[-1])
     assert runner.length == len(prompt) + 2
+
+
+def test_keep_copies_only_the_positions_that_move():
+    """An accepted path's leading rows already sit where they belong (the root, first children):
+    only the later ones are copied down, and the result is what copying them all gives."""
+    from specdec.models.cache import KVCache
+
+    cache = KVCache(2, 1, 4, 16, torch.float32)
+    for layer in range(2):
+        for buf, sign in ((cache.keys[layer], 1), (cache.values[layer], -1)):
+            buf[0, 0, :8] = sign * (torch.arange(8.0)[:, None] + 10 * layer)
+    cache.length = 8
+    cache.keep(3, [0, 1, 3, 4])  # positions 3, 4 stay; 6 and 7 move to 5 and 6
+    assert cache.length == 7
+    for layer in range(2):
+        expected = torch.tensor([0.0, 1, 2, 3, 4, 6, 7]) + 10 * layer
+        assert torch.equal(cache.keys[layer][0, 0, :7, 0], expected)
+        assert torch.equal(cache.values[layer][0, 0, :7, 0], -expected)
+    cache.keep(2, [0, 1])
+    assert cache.length == 4 and torch.equal(cache.keys[1][0, 0, :4, 0], torch.tensor([10.0, 11, 12, 13]))

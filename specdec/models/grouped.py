@@ -106,7 +106,7 @@ def grouped_stack(model) -> LayerStack | None:
             return None
         if not all(kernel_takes(part) for lin in linears for part in lin.parts):
             return None
-    return LayerStack(model, lib)
+    return LayerStack(list(model.model.layers), model.config, model.dtype, lib)
 
 
 class GroupedEmbedding(nn.Module):

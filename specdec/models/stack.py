@@ -59,11 +59,10 @@ class LayerStack:
     weights in the model's dtype (bfloat16 or float32), over M rows, each described by where it
     writes and which keys it sees (a chain, a tree or a batch's slots)."""
 
-    def __init__(self, model, lib: ctypes.CDLL):
-        c = model.config
-        self.lib, self.dtype = lib, model.dtype
+    def __init__(self, layers: list[nn.Module], config, dtype: torch.dtype, lib: ctypes.CDLL):
+        c = config
+        self.lib, self.dtype = lib, dtype
         self.keep: list[torch.Tensor] = []  # tensors whose addresses the structures hold
-        layers = model.model.layers
         self.layers = (Layer * len(layers))()
         for spec, layer in zip(self.layers, layers):
             attn, mlp = layer.self_attn, layer.mlp
@@ -127,11 +126,18 @@ def dense_stack(model) -> LayerStack | None:
     """The one-call stack for a model whose projections are dense weights in its own dtype
     (fused q/k/v and gate/up: LlamaModel.fuse_projections), or None where it does not apply
     (the kernels unavailable, another dtype or device, quantized or unfused projections)."""
-    lib = build.load()
-    dtype = model.dtype
-    if lib is None or dtype not in DENSE_BITS or model.device.type != "cpu":
+    if model.device.type != "cpu":
         return None
-    for layer in model.model.layers:
+    return dense_layer_stack(list(model.model.layers), model.config, model.dtype)
+
+
+def dense_layer_stack(layers: list[nn.Module], config, dtype: torch.dtype) -> LayerStack | None:
+    """The one-call stack over these decoder layers (a model's, or a draft head's one layer) where
+    their projections are dense, fused, contiguous weights in `dtype`; else None."""
+    lib = build.load()
+    if lib is None or dtype not in DENSE_BITS:
+        return None
+    for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
         if attn.qkv is None or mlp.gate_up is None:
             return None
@@ -142,7 +148,7 @@ def dense_stack(model) -> LayerStack | None:
                 return None
         if not isinstance(attn.o_proj, nn.Module) or not isinstance(mlp.down_proj, nn.Module):
             return None
-    return LayerStack(model, lib)
+    return LayerStack(layers, config, dtype, lib)
 
 
 def kernel_takes(part: Grouped) -> bool:

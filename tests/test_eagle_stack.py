@@ -1,0 +1,42 @@
+"""The EAGLE head's layer through the one-call stack (models/stack.py) computes what its PyTorch
+layer does: the causal catch-up pass and a tree pass with its mask, and the cache it leaves."""
+import copy
+
+import pytest
+import torch
+
+from specdec.kernels import build
+from specdec.models.config import ModelConfig
+from specdec.spec.proposers.eagle import EagleHead
+
+
+@pytest.mark.skipif(build.load() is None, reason=f"kernels unavailable: {build.unavailable()}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_head_on_the_stack_matches_its_pytorch_layer(dtype):
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2)
+    eager = EagleHead(config).to(dtype).eval()
+    with torch.no_grad():  # norms away from 1, so that a skipped one would show
+        for p in eager.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    stacked = copy.deepcopy(eager).pack_weights()
+    eager.pack_weights().stack = None
+    assert stacked.stack is not None
+    feats, embeds = (torch.randn(1, 7, 64).to(dtype) for _ in range(2))
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.05, rtol=0.05)
+    outs = []
+    with torch.inference_mode():
+        for head in (eager, stacked):
+            cache = head.new_cache(32)
+            catch_up = head(feats[:, :5], embeds[:, :5], torch.arange(5), cache)
+            mask = torch.zeros(2, 7, dtype=torch.bool)  # two siblings: the prefix, each itself
+            mask[:, :5] = True
+            mask[0, 5] = mask[1, 6] = True
+            tree = head(feats[:, 5:], embeds[:, 5:], torch.full((2,), 5), cache, mask)
+            outs.append((catch_up, tree, cache.keys[0][0, :, :7].clone(), cache.length))
+    (a1, b1, k1, n1), (a2, b2, k2, n2) = outs
+    assert n1 == n2 == 7
+    assert torch.allclose(a1.float(), a2.float(), **tol)
+    assert torch.allclose(b1.float(), b2.float(), **tol)
+    assert torch.allclose(k1.float(), k2.float(), **tol)
