@@ -178,7 +178,7 @@ class BatchDrafting:
         bucket = 1 << (len(ready).bit_length() - 1)
         gate = self.forked_gates.setdefault(bucket, TreeSizeController([1]))
         if gate.samples.get(1, 0) < gate.min_samples and self._smaller_batch_gate_off(bucket):
-            self.gate = (gate, 0)  # not explored: the smaller batch it would cost less in lost
+            self.gate = (gate, 0)  # not explored: a smaller batch measured it losing
             return False
         self.gate = (gate, gate.choose(1))
         return self.gate[1] == 1

@@ -12,7 +12,9 @@
 //
 // Attention: per query row and head, scores over exactly the row's keys (given as a count or a
 // list of cache positions, in cache order), softmax and the weighted sum of values, with sums in
-// the same fixed lane order; nothing depends on the other rows of the call.
+// the same fixed lane order; nothing depends on the other rows of the call. The rows of one
+// sequence and the query heads of one kv head only share the (exact) float32 conversion of the
+// keys and values they all see.
 #include <immintrin.h>
 #include <omp.h>
 #include <math.h>

@@ -1,7 +1,7 @@
 """The target's features, computed once: training a draft head on a 135M-parameter target
 must not run the target inside every training step (a SmolLM2 forward over a batch costs more
 than the head's whole step). For every token of every training sequence this stores the
-target's final hidden state (what its lm_head reads, in the dtype the target runs) and the
+target's final hidden state (what its lm_head reads) and the
 log-sum-exp of its logits, so that any slice of the target's next-token log-probabilities
 (the draft vocabulary's) is `features @ lm_head[slice].T - lse` at training time.
 
@@ -75,7 +75,7 @@ def feature_model(path, dtype: str):
 
 @torch.inference_mode()
 def extract_features(model, sequences: list[list[int]], log=print, log_every: int = 200) -> FeatureSet:
-    """Run the target (a LlamaModel, in the dtype it will serve in) over each sequence alone."""
+    """Run the target (a LlamaModel: feature_model's for training data) over each sequence alone."""
     tokens, feats, lses, starts = [], [], [], [0]
     t0 = time.time()
     for i, seq in enumerate(sequences):
