@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.spec.proposers.eagle import load_eagle, save_eagle
+from specdec.spec.proposers.eagle_head import load_eagle, save_eagle
 
 ROOT = Path(__file__).resolve().parent.parent
 DEST = ROOT / "specdec" / "bundled_models" / "smollm2-eagle"

@@ -89,7 +89,7 @@ def make_medusa_dir(path: Path, target_dir: Path, num_heads: int = 3, seed: int 
 
 def make_eagle_dir(path: Path, target_dir: Path, seed: int = 0, tree: dict | None = None) -> Path:
     from specdec.models.checkpoint import read_hf_config
-    from specdec.spec.proposers.eagle import EagleHead, save_eagle
+    from specdec.spec.proposers.eagle_head import EagleHead, save_eagle
 
     cfg = ModelConfig.from_hf_dict(read_hf_config(target_dir))
     cfg.num_hidden_layers = 1

@@ -11,7 +11,8 @@ import specdec
 from specdec.models.bundled import DEFAULT_TARGET
 from specdec.models.checkpoint import load_native
 from specdec.spec.proposers.draft_vocab import coverage, expand_logits, frequent_tokens
-from specdec.spec.proposers.eagle import EagleHead, TreeShape, load_eagle, save_eagle
+from specdec.spec.proposers.eagle import TreeShape
+from specdec.spec.proposers.eagle_head import EagleHead, load_eagle, save_eagle
 from specdec.train.features import FeatureSet, Windows, extract_features
 from specdec.train.heads import HeadTrainConfig, eagle_feature_accuracy, train_eagle_features
 from specdec.train.loop import LoopSettings

@@ -7,7 +7,7 @@ import torch
 
 from specdec.kernels import build
 from specdec.models.config import ModelConfig
-from specdec.spec.proposers.eagle import EagleHead
+from specdec.spec.proposers.eagle_head import EagleHead
 
 
 @pytest.mark.skipif(build.load() is None, reason=f"kernels unavailable: {build.unavailable()}")

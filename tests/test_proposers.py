@@ -37,7 +37,8 @@ def test_eagle_prefill_feeds_the_prompt_before_the_first_step(tmp_path):
     """Prompt features handed over at prefill go into the head's cache at once (so the first
     step's drafting time holds no prompt feeding), and the first tree is the one a late
     catch-up gives."""
-    from specdec.spec.proposers.eagle import EagleProposer, TreeShape, load_eagle
+    from specdec.spec.proposers.eagle import EagleProposer, TreeShape
+    from specdec.spec.proposers.eagle_head import load_eagle
 
     from helpers import make_eagle_dir
 

@@ -138,7 +138,7 @@ def test_too_little_training_data_is_a_clear_error():
 
 @pytest.mark.parametrize("method", ["medusa", "eagle"])
 def test_head_folder_that_does_not_fit_its_weights(run_dir, tmp_path, method):
-    from specdec.spec.proposers.eagle import load_eagle
+    from specdec.spec.proposers.eagle_head import load_eagle
     from specdec.spec.proposers.medusa import load_medusa
 
     load = load_medusa if method == "medusa" else load_eagle

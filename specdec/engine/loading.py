@@ -80,7 +80,8 @@ def eos_token_ids(folder: str | Path) -> tuple[int, ...]:
 def head_proposer(method: str, folder: Path, target_runner, tree_nodes: int | None, pack: bool = True):
     """Medusa or EAGLE proposer on top of the target's own embedding and lm_head; pack: the
     head's weights packed for oneDNN, like its target's (models/packed.py)."""
-    from specdec.spec.proposers.eagle import EagleProposer, TreeShape, load_eagle
+    from specdec.spec.proposers.eagle import EagleProposer, TreeShape
+    from specdec.spec.proposers.eagle_head import load_eagle
     from specdec.spec.proposers.medusa import MedusaProposer, load_medusa
 
     model = target_runner.model

@@ -95,12 +95,13 @@ def cmd_eagle(args) -> int:
         return cmd_eagle_features(args)
     from dataclasses import replace
 
-    from specdec.spec.proposers.eagle import EagleHead, TreeShape, save_eagle
+    from specdec.spec.proposers.eagle import TreeShape
+    from specdec.spec.proposers.eagle_head import EagleHead, save_eagle
     from specdec.train.heads import eagle_accuracy, train_eagle
 
     target, train_ids, held_ids = _target_and_data(args)
     if args.init:
-        from specdec.spec.proposers.eagle import load_eagle
+        from specdec.spec.proposers.eagle_head import load_eagle
 
         head = load_eagle(args.init)[0].train()
     else:
@@ -178,7 +179,8 @@ def cmd_eagle_features(args) -> int:
     from specdec.models.bundled import resolve_model_name
     from specdec.models.checkpoint import load_native
     from specdec.spec.proposers.draft_vocab import coverage, frequent_tokens
-    from specdec.spec.proposers.eagle import EagleHead, TreeShape, load_eagle, save_eagle
+    from specdec.spec.proposers.eagle import TreeShape
+    from specdec.spec.proposers.eagle_head import EagleHead, load_eagle, save_eagle
     from specdec.train.features import FeatureSet
     from specdec.train.heads import eagle_feature_accuracy, train_eagle_features
     from specdec.train.loop import LoopSettings

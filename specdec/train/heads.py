@@ -15,7 +15,7 @@ from specdec.train.features import FeatureSet, Windows
 from specdec.train.loop import LoopSettings, OptimConfig, seed_run, train_loop
 
 if TYPE_CHECKING:
-    from specdec.spec.proposers.eagle import EagleHead
+    from specdec.spec.proposers.eagle_head import EagleHead
     from specdec.spec.proposers.medusa import MedusaHeads
 
 

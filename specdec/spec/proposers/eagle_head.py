@@ -1,0 +1,111 @@
+"""The EAGLE head (Li et al. 2024): fc(concat(target feature at t, embedding of token t+1)) -> one
+Llama decoder layer -> the predicted target feature at t+1, read by the target's lm_head or the
+head's own over a reduced draft vocabulary; saved in a Hugging Face-style folder. The drafting
+(EAGLE-2 dynamic trees) is spec/proposers/eagle.py's."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specdec.kernels import invariant
+from specdec.models.cache import KVCache
+from specdec.models.config import ModelConfig
+from specdec.models.linear import pack_linears, project
+from specdec.models.llama import DecoderLayer, RMSNorm
+from specdec.models.packed import pack_weight
+from specdec.models.rope import RopeTable, rope_inv_freq
+from specdec.models.stack import LayerStack, dense_layer_stack
+from specdec.spec.proposers.head_folder import load_head, save_head
+
+EAGLE_TYPE = "specdec-eagle"
+
+
+class EagleHead(nn.Module):
+    """draft_vocab > 0: the head has its own output projection over that many tokens (the
+    d2t buffer maps them to target ids, draft_vocab.py); 0: drafts use the target's lm_head."""
+
+    def __init__(self, config: ModelConfig, draft_vocab: int = 0):
+        super().__init__()
+        d = config.hidden_size
+        self.config = config
+        self.fc = nn.Linear(2 * d, d)
+        self.layer = DecoderLayer(config)
+        self.norm = RMSNorm(d, config.rms_norm_eps)
+        self.rope = RopeTable(rope_inv_freq(config))
+        self.lm_head: nn.Module | None = None  # nn.Linear, a PackedLinear once packed
+        # the layer in one kernel call (models/stack.py), once packed for inference: through the
+        # PyTorch layer a head pass cost ~1.2 ms (~25 framework calls), two of them in a 2-node
+        # draft of 3.4 ms on SmolLM2 here; through the stack ~0.5 ms
+        self.stack: LayerStack | None = None
+        if draft_vocab:
+            self.lm_head = nn.Linear(d, draft_vocab, bias=False)
+            self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
+
+    @property
+    def draft_vocab(self) -> int:
+        return 0 if self.lm_head is None else self.lm_head.out_features
+
+    def pack_weights(self) -> EagleHead:
+        """For inference, as LlamaModel.pack_weights: the layer's projections fused, weights
+        packed once for oneDNN (a head pass is a few small matmuls, each of which
+        otherwise repacks its weight)."""
+        self.layer.self_attn.fuse()
+        self.layer.mlp.fuse()
+        for fused in (self.layer.self_attn.qkv, self.layer.mlp.gate_up):
+            fused.packed = pack_weight(fused.weight, fused.bias)
+        pack_linears(self, "fc", "lm_head")
+        pack_linears(self.layer.self_attn, "o_proj")
+        pack_linears(self.layer.mlp, "down_proj")
+        self.stack = dense_layer_stack([self.layer], self.config, self.fc.weight.dtype)
+        return self
+
+    def new_cache(self, max_len: int) -> KVCache:
+        c = self.config
+        w = self.fc.weight
+        return KVCache(1, c.num_key_value_heads, c.head_dim, max_len, w.dtype, w.device)
+
+    def forward(self, features: torch.Tensor, next_embeds: torch.Tensor, positions: torch.Tensor,
+                cache: KVCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """features, next_embeds: [B, T, d]; mask: full bool [T, cache.length + T] or None
+        (causal). Returns predicted next features [B, T, d]."""
+        x = project(self.fc, torch.cat([features, next_embeds], dim=-1), exact=False)
+        if self.stack is not None and cache is not None and x.shape[0] == 1 and cache.layout() is not None:
+            return self._stack_forward(x[0], positions, cache, mask)[None]
+        cos, sin = self.rope(positions, x.dtype, x.device)
+        if mask is None and cache is not None and x.shape[1] > 1:
+            past = cache.length
+            mask = torch.ones(x.shape[1], past + x.shape[1], dtype=torch.bool).tril(past)
+        x = self.layer(x, cos, sin, mask, cache, 0)
+        if cache is not None:
+            cache.advance(x.shape[1])
+        return self.norm(x)
+
+    def _stack_forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                       mask: torch.Tensor | None) -> torch.Tensor:
+        """forward's layer through the one-call stack: rows x [T, d] written after the cache's
+        entries, each attending causally or, with mask, to the positions its row of mask holds."""
+        past, T = cache.length, x.shape[0]
+        if past + T > cache.max_len:
+            raise ValueError(f"KV cache overflow: {past + T} positions > capacity {cache.max_len}")
+        write = list(range(past, past + T))
+        count, lists = [w + 1 for w in write], None
+        if mask is not None:
+            lists = invariant.key_lists([row.nonzero()[:, 0] for row in mask])
+            count = lists.lengths
+        keys, values, base = cache.layout()
+        h = self.stack(x, positions.reshape(-1), self.rope, keys, values, [base] * T, write, count, lists)
+        cache.advance(T)
+        return self.norm(h)
+
+
+def save_eagle(head: EagleHead, folder: str | Path, meta: dict) -> None:
+    """meta: the tree shape, measured accuracies and training facts, stored after the shape."""
+    save_head(head, folder, {"model_type": EAGLE_TYPE, "head_config": head.config.to_hf_dict(),
+                             "draft_vocab_size": head.draft_vocab, **meta})
+
+
+def load_eagle(folder: str | Path, dtype: torch.dtype = torch.float32) -> tuple[EagleHead, dict]:
+    return load_head(folder, EAGLE_TYPE, lambda cfg: EagleHead(ModelConfig.from_hf_dict(cfg["head_config"]),
+                                                               cfg.get("draft_vocab_size", 0)), dtype)
