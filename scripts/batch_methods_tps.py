@@ -43,7 +43,11 @@ def main() -> None:
                     engines[m, n] = BatchEngine(decoders[m].engine, max_batch=n, calibrate=True)
                 params = SamplingParams(max_new_tokens=args.tokens, ignore_eos=True)
                 t0 = time.perf_counter()
-                results = generate_all(engines[m, n], [(prompts[i % len(prompts)], params, m) for i in range(n)])
+                # each repeat other prompts in each slot: a prompt met again would find its rows
+                # left by the last request (prefix reuse), which plain decoding has and a tree
+                # drafter (whose head needs the prompt's features) does not
+                results = generate_all(engines[m, n], [(prompts[(i + r) % len(prompts)], params, m)
+                                                       for i in range(n)])
                 seconds = time.perf_counter() - t0
                 tps = sum(len(x.token_ids) for x in results) / seconds
                 accepted = sum(x.stats.accepted_tokens for x in results) / sum(x.stats.target_forwards for x in results)
