@@ -590,13 +590,18 @@ inline void dots(const float* q, const typename W::T* const* k, int64_t hd, floa
 
 // The runs of a call: consecutive rows reading one sequence (the same base), and for each the keys
 // [0, P) every row of it sees (P: the shortest row's count, or leading run of positions 0, 1, ...
-// in its list).
+// in its list); 0 for a run of one row, which reads its keys as it goes (a copy would be read back
+// by as few as one head).
 inline void row_runs(const int64_t* base, const int64_t* count, const int64_t* start, const int64_t* index,
                      int64_t rows, std::vector<int64_t>& run_start, std::vector<int64_t>& shared) {
     for (int64_t r = 0; r < rows; ++r)
         if (r == 0 || base[r] != base[r - 1]) run_start.push_back(r);
     run_start.push_back(rows);
     for (size_t u = 0; u + 1 < run_start.size(); ++u) {
+        if (run_start[u + 1] - run_start[u] == 1) {
+            shared.push_back(0);
+            continue;
+        }
         int64_t p = INT64_MAX;
         for (int64_t r = run_start[u]; r < run_start[u + 1]; ++r) {
             int64_t pr = count[r];
@@ -725,8 +730,7 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
         #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < runs * nkv * parts; ++item) {
             const int64_t u = item / (nkv * parts), g = item / parts % nkv, part = item % parts;
-            // a lone row reads its keys as it goes: a copy would be read back by as few as one head
-            const int64_t r0 = run_start[u], R = run_start[u + 1] - r0, P = R > 1 ? shared[u] : 0;
+            const int64_t r0 = run_start[u], R = run_start[u + 1] - r0, P = shared[u];
             const int64_t all = R * group;  // the run's query vectors of this kv head: (row, head)
             const int64_t first = all * part / parts, Q = all * (part + 1) / parts - first;
             if (Q == 0) continue;
