@@ -260,19 +260,11 @@ class LlamaModel(nn.Module):
     def _stack_states(self, ids: torch.Tensor, positions: torch.Tensor | None, cache: KVCache,
                       attn_mask: torch.Tensor | None) -> torch.Tensor:
         """hidden_states through the one-call stack: every row as exact mode computes it, always."""
-        T, past = ids.shape[1], cache.length
-        if past + T > cache.max_len:
-            raise ValueError(f"KV cache overflow: {past + T} positions > capacity {cache.max_len}")
-        positions = torch.arange(past, past + T) if positions is None else positions.reshape(-1)
-        write = list(range(past, past + T))
-        count, lists = [w + 1 for w in write], None
-        if attn_mask is not None:  # a tree: each row sees the cache and its ancestors
-            lists = TreeRows(past, attn_mask.to(torch.bool)).key_lists
-            count = lists.lengths
-        keys, values, base = cache.layout()
-        x = self.stack(self.model.embed_tokens(ids)[0], positions, self.rope, keys, values, [base] * T, write, count,
-                       lists)
-        cache.advance(T)
+        past = cache.length
+        positions = torch.arange(past, past + ids.shape[1]) if positions is None else positions
+        # a tree: each row sees the cache and its ancestors
+        lists = None if attn_mask is None else TreeRows(past, attn_mask.to(torch.bool)).key_lists
+        x = self.stack.extend(self.model.embed_tokens(ids)[0], positions, self.rope, cache, lists)
         return self.model.norm(x)[None]
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,

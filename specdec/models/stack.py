@@ -122,6 +122,22 @@ class LayerStack:
         return x
 
 
+    def extend(self, x: torch.Tensor, positions: torch.Tensor, rope, cache,
+               lists: invariant.KeyLists | None = None) -> torch.Tensor:
+        """x [T, hidden] through the layers as the next T entries of one sequence's cache (a
+        KVCache with a layout), each row attending causally or to the positions lists gives it;
+        the cache advances by T. Returns the last layer's output (before any final norm)."""
+        past, T = cache.length, x.shape[0]
+        if past + T > cache.max_len:
+            raise ValueError(f"KV cache overflow: {past + T} positions > capacity {cache.max_len}")
+        write = list(range(past, past + T))
+        count = [w + 1 for w in write] if lists is None else lists.lengths
+        keys, values, base = cache.layout()
+        out = self(x, positions.reshape(-1), rope, keys, values, [base] * T, write, count, lists)
+        cache.advance(T)
+        return out
+
+
 def dense_stack(model) -> LayerStack | None:
     """The one-call stack for a model whose projections are dense weights in its own dtype
     (fused q/k/v and gate/up: LlamaModel.fuse_projections), or None where it does not apply

@@ -86,18 +86,8 @@ class EagleHead(nn.Module):
                        mask: torch.Tensor | None) -> torch.Tensor:
         """forward's layer through the one-call stack: rows x [T, d] written after the cache's
         entries, each attending causally or, with mask, to the positions its row of mask holds."""
-        past, T = cache.length, x.shape[0]
-        if past + T > cache.max_len:
-            raise ValueError(f"KV cache overflow: {past + T} positions > capacity {cache.max_len}")
-        write = list(range(past, past + T))
-        count, lists = [w + 1 for w in write], None
-        if mask is not None:
-            lists = invariant.key_lists([row.nonzero()[:, 0] for row in mask])
-            count = lists.lengths
-        keys, values, base = cache.layout()
-        h = self.stack(x, positions.reshape(-1), self.rope, keys, values, [base] * T, write, count, lists)
-        cache.advance(T)
-        return self.norm(h)
+        lists = None if mask is None else invariant.key_lists([row.nonzero()[:, 0] for row in mask])
+        return self.norm(self.stack.extend(x, positions, self.rope, cache, lists))
 
 
 def save_eagle(head: EagleHead, folder: str | Path, meta: dict) -> None:
