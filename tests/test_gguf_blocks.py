@@ -242,6 +242,23 @@ def test_a_prompt_that_shares_a_prefix_reuses_the_cache_and_gives_the_same_outpu
                 assert got.stats.cached_prompt_tokens >= cached, prompt
 
 
+def test_without_prefix_reuse_the_draft_model_prefills_the_whole_prompt_again(tiny_quantized, monkeypatch):
+    """reuse_prefix=False (bench: every run pays for its prompt) holds for the draft model's
+    cache too, not only the target's."""
+    if build.load() is None:
+        pytest.skip(f"the kernels are unavailable here: {build.unavailable()}")
+    fresh = specdec.load(target=str(tiny_quantized), quantize="gguf", dtype="bfloat16", method="draft",
+                         draft=str(tiny_quantized), draft_tokens=3, reuse_prefix=False)
+    runner, fed = fresh.engine.proposer.runner, []
+    extend = runner.extend
+    monkeypatch.setattr(runner, "extend", lambda ids, **kw: (fed.append(len(ids)), extend(ids, **kw))[1])
+    prompt = "import os\nimport sys\n\nclass Config:\n    def __init__(self):"
+    for _ in range(2):
+        fed.clear()
+        result = fresh.generate(prompt, max_new_tokens=4, temperature=0)
+        assert fed[0] == len(fresh.tokenizer.encode(prompt)) - 1 and result.stats.cached_prompt_tokens == 0
+
+
 def test_quantize_gguf_needs_a_gguf():
     with pytest.raises(SpecdecError, match="is not a GGUF"):
         specdec.load(quantize="gguf")  # the bundled target is a safetensors folder

@@ -203,7 +203,7 @@ def load_config(config: DecoderConfig) -> SpecDecoder:
         else:
             draft_to_4bit(draft_runner, c.draft_4bit)
             cut_draft_head(draft_runner, draft_tokenizer.tok, c.draft_vocab)
-            proposer = DraftModelProposer(draft_runner)
+            proposer = DraftModelProposer(draft_runner, c.reuse_prefix)
     elif c.method == "ngram":
         proposer = PromptLookupProposer()
     elif c.method in ("medusa", "eagle"):

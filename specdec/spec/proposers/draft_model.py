@@ -18,8 +18,9 @@ class DraftModelProposer:
     shape = "chain"
     needs_hidden = False
 
-    def __init__(self, runner: Runner):
+    def __init__(self, runner: Runner, reuse_prefix: bool = True):
         self.runner = runner
+        self.reuse_prefix = reuse_prefix  # off where every run must pay for its prompt (bench)
         self.cached: list[int] = []  # the tokens whose keys/values are in the draft cache
         self.verified = 0  # leading cached tokens known to equal the context (which only grows)
 
@@ -31,7 +32,8 @@ class DraftModelProposer:
         after the prefix the cache already holds where its rows are what a fresh prefill writes
         (Runner.kv_rows_invariant: the drafts, and so the speed, never depend on earlier prompts)."""
         n = 0
-        if getattr(self.runner, "kv_rows_invariant", False) and self.runner.length == len(self.cached):
+        if (self.reuse_prefix and getattr(self.runner, "kv_rows_invariant", False)
+                and self.runner.length == len(self.cached)):
             n = shared_prefix(self.cached, prompt_ids, min(len(self.cached), len(prompt_ids) - 1))
         self.runner.rollback(n)
         self.cached = list(prompt_ids[:-1])
