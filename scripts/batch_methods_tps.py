@@ -1,5 +1,5 @@
 """Aggregate tokens/s of the batched engine per method, in process: N requests (held-out code
-prompts, T=0, a fixed number of tokens, EOS ignored) through a BatchEngine of N slots, for each
+prompts, T=0, a fixed number of tokens, EOS ignored) through a Scheduler of N slots, for each
 N and method; methods take turns, the whole round repeated (best of the repeats is reported).
 It approximates N closed-loop clients of `specdec serve --max-batch N` without HTTP.
 
@@ -15,8 +15,8 @@ import torch
 
 import specdec
 from specdec.data.prompts import build_suite
-from specdec.engine.batch import BatchEngine
 from specdec.engine.requests import generate_all
+from specdec.engine.scheduler import Scheduler
 from specdec.sampling import SamplingParams
 
 
@@ -34,13 +34,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     decoders = {m: specdec.load(target=args.target, method=m, dtype=args.dtype, calibrate=True) for m in methods}
     prompts = [q.text for q in build_suite(16, ["code"])]
-    engines: dict[tuple[str, int], BatchEngine] = {}
+    engines: dict[tuple[str, int], Scheduler] = {}
     speeds: dict[tuple[str, int], list[float]] = {}
     for r in range(args.repeats):
         for n in sizes:
             for m in methods:
                 if (m, n) not in engines:
-                    engines[m, n] = BatchEngine(decoders[m].engine, max_batch=n, calibrate=True)
+                    engines[m, n] = Scheduler(decoders[m].engine, max_batch=n, calibrate=True)
                 params = SamplingParams(max_new_tokens=args.tokens, ignore_eos=True)
                 t0 = time.perf_counter()
                 # each repeat other prompts in each slot: a prompt met again would find its rows

@@ -1,4 +1,4 @@
-"""Continuous batching (specdec/engine/batch.py, models/batch.py): a sequence's output does not
+"""Continuous batching (specdec/engine/scheduler.py, models/batch.py): a sequence's output does not
 depend on what else is in the batch. Greedy and seeded outputs equal the same requests run
 alone through Engine (float64; bfloat16 in exact mode), also while sequences join and leave;
 sampled outputs keep the target's exact distribution with several temperatures in one batch
@@ -8,8 +8,8 @@ import torch
 
 import specdec
 import specdec.engine.verdicts
-from specdec.engine.batch import BatchEngine
 from specdec.engine.requests import generate_all, stream_chunks
+from specdec.engine.scheduler import Scheduler
 from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
 from specdec.models.cache import PassPlan
@@ -109,7 +109,7 @@ def test_greedy_batch_equals_each_request_alone(decoders):
         for method in ("ngram", "draft"):
             assert sum(g.stats.accepted_tokens for g, s in zip(got, samplings) if s["method"] == method) > 0
         assert all(g.stats.drafted_tokens == 0 for g, s in zip(got, samplings) if s["method"] == "none")
-    chunked = BatchEngine(decoder.engine, max_batch=4, prefill_chunk=8)
+    chunked = Scheduler(decoder.engine, max_batch=4, prefill_chunk=8)
     got = generate_all(chunked, [(p, decoder.sampling_params(**{k: v for k, v in s.items() if k != "method"}),
                                   s["method"]) for p, s in zip(PROMPTS, samplings)])
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
@@ -142,7 +142,7 @@ def test_exact_mode_bfloat16_batch_equals_alone(model_dir, draft_dir):
 def test_sequences_join_and_leave_between_steps(decoders):
     """Start 3, add 2 after a few steps, cancel one: the slot is freed (and reused), and the
     other sequences' outputs are their single-run outputs."""
-    engine = BatchEngine(decoders["draft"].engine, max_batch=5)
+    engine = Scheduler(decoders["draft"].engine, max_batch=5)
     params = [SamplingParams(max_new_tokens=30), SamplingParams(max_new_tokens=30, temperature=0.8, seed=3),
               SamplingParams(max_new_tokens=30), SamplingParams(max_new_tokens=20),
               SamplingParams(max_new_tokens=25, temperature=0.8, seed=9)]
@@ -173,7 +173,7 @@ def test_sequences_join_and_leave_between_steps(decoders):
 
 
 def test_unbatched_method_is_refused(decoders):
-    engine = BatchEngine(decoders["none"].engine, max_batch=2)
+    engine = Scheduler(decoders["none"].engine, max_batch=2)
     with pytest.raises(SpecdecError, match="not batched"):
         engine.add("x", SamplingParams(), method="draft")  # the decoder has no draft model
     with pytest.raises(SpecdecError, match="not batched"):
@@ -203,7 +203,7 @@ def batched_p_values(tiny_dirs, method: str) -> list[float]:
     # for ngram once sample() changed its draws (seed sets 1-5: 0.07-0.41), so these start at 10^6
     requests = [(PROMPT, SamplingParams(max_new_tokens=NEW, seed=SEED_BASE + seed, seed_mode="rejection",
                                         ignore_eos=True, **settings[seed % 2]), method) for seed in range(2 * N_QUICK)]
-    results = generate_all(BatchEngine(decoder.engine, max_batch=16), requests)
+    results = generate_all(Scheduler(decoder.engine, max_batch=16), requests)
     drafted = sum(r.stats.drafted_tokens for r in results)
     accepted = sum(r.stats.accepted_tokens for r in results)
     assert (0 < accepted < drafted) if method != "none" else drafted == 0
@@ -248,7 +248,7 @@ def test_stream_chunks_and_logprobs_equal_engine_stream(decoders):
         return (chunk.text, chunk.token_ids, rounded(chunk.token_logprobs), rounded(chunk.prompt_logprobs),
                 None if result is None else (result.text, result.token_ids, result.finish_reason))
 
-    engine = BatchEngine(decoder.engine, max_batch=4)
+    engine = Scheduler(decoder.engine, max_batch=4)
     seqs = [engine.add(p, decoder.sampling_params(**kw), m) for p, kw, m in cases]
     got = {id(s): [] for s in seqs}
     while len(engine):
@@ -310,7 +310,7 @@ def test_adaptive_batch_k_keeps_greedy_output(model_dir, decoders):
     decoder = specdec.load(target=model_dir, draft=model_dir, dtype="float64", method="draft")
     samplings = [dict(method=METHODS[i % 3], max_new_tokens=m) for i, m in enumerate(MAX_TOKENS)]
     got = decoder.generate_batch(PROMPTS, samplings, max_batch=4)
-    assert decoder.batch_engine(4).drafting.width.target.seconds  # calibrated, then measured
+    assert decoder.scheduler(4).drafting.width.target.seconds  # calibrated, then measured
     assert sum(g.stats.accepted_tokens for g, s in zip(got, samplings) if s["method"] == "draft") > 0
     assert [g.token_ids for g in got] == [decoders["none"].generate(p, max_new_tokens=m).token_ids
                                           for p, m in zip(PROMPTS, MAX_TOKENS)]

@@ -1,4 +1,4 @@
-"""Tree methods (Medusa, EAGLE) in continuous batching (engine/batch.py, models/batch.py): a
+"""Tree methods (Medusa, EAGLE) in continuous batching (engine/scheduler.py, models/batch.py): a
 tree's rows share the batched pass with other sequences' chains and trees, each row at its
 depth's position and seeing its own slot's cache and ancestors only. Greedy and seeded outputs
 equal plain decoding alone (float64; bfloat16 in exact mode), sampled trees keep the target's
@@ -10,8 +10,8 @@ import torch
 
 import specdec
 import specdec.engine.verdicts
-from specdec.engine.batch import BatchEngine
 from specdec.engine.requests import generate_all
+from specdec.engine.scheduler import Scheduler
 from specdec.models.batch import BatchRunner
 from specdec.models.cache import PassPlan
 from specdec.sampling import SamplingParams
@@ -123,7 +123,7 @@ def batched_tree_p_values(tiny_dirs, method: str, n: int = N_QUICK) -> list[floa
     settings = [dict(temperature=0.7, top_k=5), dict(temperature=1.0)]
     requests = [(PROMPT, SamplingParams(max_new_tokens=NEW, seed=10 ** 6 + seed, seed_mode="rejection",
                                         ignore_eos=True, **settings[seed % 2]), method) for seed in range(2 * n)]
-    results = generate_all(BatchEngine(decoder.engine, max_batch=16, max_rows=16 * (FIXED_NODES[method] + 1)), requests)
+    results = generate_all(Scheduler(decoder.engine, max_batch=16, max_rows=16 * (FIXED_NODES[method] + 1)), requests)
     drafted = sum(r.stats.drafted_tokens for r in results)
     accepted = sum(r.stats.accepted_tokens for r in results)
     assert 0 < accepted < drafted
@@ -174,7 +174,7 @@ def test_batched_sequences_learn_from_each_other_through_the_engine(dirs):
     spec.generate_batch(PROMPTS[:2], [dict(max_new_tokens=24, method="eagle")] * 2, max_batch=2)
     learned = sum(shared.memory()["samples"].values())
     assert learned > 0
-    batch = spec.batch_engine(2)
+    batch = spec.scheduler(2)
     seq = batch.add(PROMPTS[2], SamplingParams(max_new_tokens=8), "eagle")
     assert sum(seq.controller.memory()["samples"].values()) > 0  # started from the learned state
 
@@ -189,7 +189,7 @@ def test_a_batch_drafts_with_forked_drafters_only_where_they_pay(dirs, drafting_
 
     target, heads = dirs
     spec = specdec.load(target=target, draft=heads["eagle"], method="eagle", calibrate=False)
-    drafting = spec.batch_engine(2).drafting
+    drafting = spec.scheduler(2).drafting
     entries, on_steps = [SimpleNamespace(forked=True)] * 2, 0
     for _ in range(200):
         on = drafting.forked_gate(entries, [0, 1], [4, 4])
@@ -207,7 +207,7 @@ def test_a_larger_batch_does_not_explore_forked_drafting_where_a_smaller_one_los
 
     target, heads = dirs
     spec = specdec.load(target=target, draft=heads["eagle"], method="eagle", calibrate=False)
-    drafting = spec.batch_engine(4).drafting
+    drafting = spec.scheduler(4).drafting
     entries = [SimpleNamespace(forked=True)] * 4
 
     def steps(ready: list[int], n: int, pays: bool) -> int:

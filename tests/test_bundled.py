@@ -152,7 +152,7 @@ def test_exact_sequences_never_run_on_the_kernels_a_timing_chose(plain_bf16, mon
     if model.fast_paths is None:
         pytest.skip("no one-call stack here (the invariant kernels are unavailable)")
     model.fast_paths = FastPaths({width: False for width in model.fast_paths.on_stack})  # PyTorch everywhere
-    decoder.batch_engine(max_batch=2)  # calibrated now: its timing passes are not a sequence's
+    decoder.scheduler(max_batch=2)  # calibrated now: its timing passes are not a sequence's
     layer_calls = []
     layer_forward = DecoderLayer.forward
     monkeypatch.setattr(DecoderLayer, "forward", lambda self, *args, **kwargs: layer_calls.append(1) or

@@ -1,4 +1,4 @@
-"""A lone request runs through the same loop as a batch (engine/batch.py), as a batch of one on
+"""A lone request runs through the same loop as a batch (engine/scheduler.py), as a batch of one on
 the decoder's own runner, for every backend and method."""
 import pytest
 
@@ -15,7 +15,7 @@ def model_dir(tmp_path_factory):
 
 def test_a_lone_stream_holds_the_one_slot_until_closed(model_dir):
     decoder = specdec.load(target=model_dir, method="ngram")
-    alone = decoder.batch_engine(1)
+    alone = decoder.scheduler(1)
     stream = decoder.stream("def f(x):\n    return x", max_new_tokens=30, temperature=0)
     next(stream)
     assert len(alone) == 1 and alone.entries[0].proposer is decoder.engine.proposer
@@ -39,7 +39,7 @@ def test_each_backend_runs_lone_requests_through_the_loop(model_dir, backend):
         result = spec.generate("for i in range(10):\n    ", max_new_tokens=24, temperature=0)
         assert result.token_ids == want, (backend, method)
         assert result.stats.drafted_tokens > 0
-        assert len(spec.batch_engine(1)) == 0
+        assert len(spec.scheduler(1)) == 0
 
 
 def test_a_cancelled_stream_leaves_its_prompt_rows_for_the_next_request(model_dir):

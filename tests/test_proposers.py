@@ -58,3 +58,58 @@ def test_eagle_prefill_feeds_the_prompt_before_the_first_step(tmp_path):
         proposal = proposer.propose(prompt, 8, greedy, None)
         trees.append((proposal.tokens, proposal.parents))
     assert trees[0] == trees[1] and len(trees[0][0]) == 8
+
+
+def test_graft_chain_follows_the_tree_and_appends_the_rest():
+    from specdec.spec.proposers.trees import graft_chain
+
+    tokens, parents = [5, 6, 7, 8], [-1, -1, 0, 2]  # 5 -> 7 -> 8 and 6 from the root
+    got = graft_chain(tokens, parents, [5, 7, 9, 4])
+    assert got == ([5, 6, 7, 8, 9, 4], [-1, -1, 0, 2, 2, 4], [0, 2, 4, 5])
+    assert graft_chain(tokens, parents, [6]) == (tokens, parents, [1])
+    assert graft_chain([], [], [3, 3]) == ([3, 3], [-1, 0], [0, 1])
+
+
+def test_eagle_greedy_trees_hold_the_prompt_lookup_chain(tmp_path):
+    """A greedy tree keeps the chain prompt lookup proposes (what followed the context's last
+    n-gram earlier) as a path from the root, within the node budget; sampled trees, whose
+    verification needs the draft distribution, do not."""
+    from specdec.spec.proposers.eagle import EagleProposer, TreeShape
+    from specdec.spec.proposers.eagle_head import load_eagle
+
+    from helpers import make_eagle_dir
+
+    target_dir = make_model_dir(tmp_path / "t", tokenizer="char", vocab_size=24)
+    target = load_native(target_dir, "float64")
+    head = load_eagle(make_eagle_dir(tmp_path / "e", target_dir), torch.float64)[0]
+    runner = NativeRunner(target)
+    prompt = [3, 7, 1, 9, 4, 12, 5, 3, 7]  # (3, 7) was followed by 1, 9, 4, 12
+    runner.extend(prompt[:-1], want_hidden=True)
+
+    def propose(lookup: bool, params: SamplingParams, k: int):
+        proposer = EagleProposer(head, target.model.embed_tokens, target.lm_head, runner.max_len, TreeShape(),
+                                 lookup=lookup)
+        proposer.reset(prompt)
+        proposer.observe_target(runner.last_hidden, prefill=True)
+        return proposer.propose(prompt, k, params, torch.Generator().manual_seed(0))
+
+    def path_from_root(proposal, chain):
+        node, found = -1, 0
+        for token in chain:
+            node = next((i for i, (t, p) in enumerate(zip(proposal.tokens, proposal.parents))
+                         if t == token and p == node), None)
+            if node is None:
+                break
+            found += 1
+        return found
+
+    greedy = SamplingParams(temperature=0.0)
+    for k in (2, 4, 8):
+        with_chain = propose(True, greedy, k)
+        chain = prompt[2:][:max(k - 1, 4)]  # k - 1 tokens, at least 4 (LOOKUP_TOKENS) beside k - 1 grown nodes
+        assert path_from_root(with_chain, chain) == len(chain)
+        assert len(with_chain.tokens) == k + max(0, len(chain) - (k - 1)) <= k + 3
+        assert all(p < i for i, p in enumerate(with_chain.parents))  # parents before children
+    assert path_from_root(propose(False, greedy, 8), [1, 9, 4, 12]) < 4  # a random head's own tree
+    sampled = propose(True, SamplingParams(temperature=1.0), 8)
+    assert sampled.draft_probs is not None and len(sampled.tokens) <= 8

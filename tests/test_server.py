@@ -1024,8 +1024,8 @@ class GatedDecoder:
     def __getattr__(self, name):
         return getattr(self._decoder, name)
 
-    def batch_engine(self, max_batch=8):
-        return GatedBatch(self._decoder.batch_engine(max_batch), self.gate)
+    def scheduler(self, max_batch=8):
+        return GatedBatch(self._decoder.scheduler(max_batch), self.gate)
 
 
 class GatedBatch:

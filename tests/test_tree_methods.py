@@ -96,3 +96,17 @@ def test_typical_acceptance_is_opt_in_and_labelled_lossy(text_dirs):
     r = lossy.generate("def", temperature=0.8, seed=0, max_new_tokens=8)
     assert r.stats.lossy and len(r.token_ids) == 8
     assert not lossy.generate("def", temperature=0, max_new_tokens=8).stats.lossy  # greedy stays exact
+
+
+def test_eagle_trees_with_lookup_chains_fit_the_end_of_the_cache(text_dirs):
+    """A greedy tree may hold a lookup chain beyond its node budget (extra_nodes): the budget
+    leaves room for it, up to the last row of a short cache; output as plain decoding's."""
+    target, heads = text_dirs
+    prompt = "def add(a, b):\n    return a + b\n" * 2
+    plain = specdec.load(target=target, dtype="float64", max_len=64)
+    spec = specdec.load(target=target, draft=heads["eagle"], method="eagle", dtype="float64", max_len=64,
+                        draft_tokens=2)
+    want = plain.generate(prompt, max_new_tokens=200, ignore_eos=True)
+    got = spec.generate(prompt, max_new_tokens=200, ignore_eos=True)
+    assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason == "length"
+    assert max(got.stats.draft_tokens_per_step) > 2  # some trees held more than their budget

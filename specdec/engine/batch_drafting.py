@@ -1,4 +1,4 @@
-"""What each sequence of a batched step drafts (the drafting half of engine/batch.py): the
+"""What each sequence of a batched step drafts (the drafting half of engine/scheduler.py): the
 drafters a batch offers (prompt lookup per sequence, the draft model's batched slots; a tree
 method's head or a draft with another tokenizer forked per sequence), how many drafts each
 sequence may take, the chains' one K from measured batched pass costs (spec/control/batch_width.py;
@@ -214,8 +214,8 @@ class BatchDrafting:
             room = runner.max_len - len(seq.context)
             if entry.method == "none" or (entry.tree and runner.length(slot) == 0):
                 limits.append(0)
-            elif entry.tree:
-                limits.append(max(0, min(room - 1, cap)))
+            elif entry.tree:  # room and rows for the nodes a proposal may hold beyond its budget too
+                limits.append(max(0, min(room - 1, cap) - entry.proposer.extra_nodes))
             else:
                 limits.append(max(0, min(max_k, seq.remaining - 1, room - 1, cap)))
         return limits

@@ -67,6 +67,9 @@ class DecoderConfig:
     # a GGUF draft's output head cut to its N most frequent tokens in code (0: all): a cheaper
     # draft pass, lossless as any draft
     draft_vocab: int = 0
+    # eagle's greedy trees also hold the prompt-lookup chain (what followed the context's last
+    # n-gram earlier), kept before the head's own nodes: lossless, as any candidate
+    tree_lookup: bool = True
 
     def check(self) -> None:
         """A clear SpecdecError for each field that cannot work, before anything loads."""

@@ -2,7 +2,7 @@
 the controllers (per sampling setting, remembered across processes), the pass costs they start
 from, and the parts of a generation outside the loop: a new Sequence from a prompt, and
 `emit`, which appends a step's verified tokens and applies the stop rules. The loop itself, for
-one request or many, is engine/batch.py."""
+one request or many, is engine/scheduler.py."""
 from __future__ import annotations
 
 import time
@@ -47,7 +47,7 @@ class Engine:
         self.pass_costs: PassCosts | None = None  # from calibrate(): the controllers' starting costs
         self._grammars: GrammarCompiler | None = None  # built on the first constrained request
         # prefix reuse: a new prompt's leading tokens that a slot's cache already holds are not
-        # computed again (engine/batch.py BatchEngine._reusable_prefix)
+        # computed again (engine/scheduler.py Scheduler._reusable_prefix)
         self.reuse_prefix = reuse_prefix
         # controllers start from what earlier processes learned with this setup (memory_setup:
         # target, drafter, dtype, kernels) on this machine, and leave what they learn there

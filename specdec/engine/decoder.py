@@ -6,7 +6,6 @@ from dataclasses import fields
 from pathlib import Path
 
 from specdec.chat.fim import FimPrompt, FimTokens, fim_prompt, find_fim_tokens, require_fim_tokens
-from specdec.engine.batch import BatchEngine
 from specdec.engine.config import DecoderConfig
 from specdec.engine.core import Engine
 from specdec.engine.loading import (
@@ -19,6 +18,7 @@ from specdec.engine.loading import (
     model_identity,
 )
 from specdec.engine.requests import generate_all, generate_one, stream
+from specdec.engine.scheduler import Scheduler
 from specdec.engine.sequence import GenerationResult, StreamChunk
 from specdec.engine.text import TextTokenizer
 from specdec.errors import SpecdecError
@@ -38,8 +38,8 @@ class SpecDecoder:
         self.target_path = target_path
         self.draft_path = draft_path
         self.tokenizer = engine.tokenizer
-        self._alone = BatchEngine(engine, max_batch=1)  # lone requests: the decoder's own runner and cache
-        self._batch: BatchEngine | None = None
+        self._alone = Scheduler(engine, max_batch=1)  # lone requests: the decoder's own runner and cache
+        self._batch: Scheduler | None = None
 
     @property
     def method(self) -> str:
@@ -99,7 +99,7 @@ class SpecDecoder:
             raise SpecdecError(f"unknown sampling parameter: {e}") from None
 
     def generate(self, prompt: str | list[int], **sampling) -> GenerationResult:
-        return generate_one(self.batch_engine(1), prompt, self.sampling_params(**sampling))
+        return generate_one(self.scheduler(1), prompt, self.sampling_params(**sampling))
 
     def fim_tokens(self) -> FimTokens | None:
         """The target's fill-in-the-middle tokens, or None when its vocabulary has none."""
@@ -129,9 +129,9 @@ class SpecDecoder:
             raise SpecdecError("give either params or sampling keyword arguments, not both")
         params = params if params is not None else self.sampling_params(**sampling)
         self.engine.encode_prompt(prompt)  # fail before the first chunk
-        return stream(self.batch_engine(1), prompt, params)
+        return stream(self.scheduler(1), prompt, params)
 
-    def batch_engine(self, max_batch: int = 8) -> BatchEngine:
+    def scheduler(self, max_batch: int = 8) -> Scheduler:
         """The loop over this decoder's target for up to max_batch sequences: for one, on the
         decoder's own runner and cache (what generate() and stream() use); for more, a batched
         cache of max_batch slots (kept for the next call with the same max_batch), calibrated
@@ -140,7 +140,7 @@ class SpecDecoder:
             return self._alone
         if self._batch is None or self._batch.max_batch != max_batch:
             self._batch = None  # free the old cache first
-            self._batch = BatchEngine(self.engine, max_batch, calibrate=self.engine.pass_costs is not None)
+            self._batch = Scheduler(self.engine, max_batch, calibrate=self.engine.pass_costs is not None)
         return self._batch
 
     def generate_batch(self, prompts: list[str | list[int]], samplings: list[dict] | None = None,
@@ -158,7 +158,7 @@ class SpecDecoder:
             own = dict(samplings[i]) if samplings is not None else {}
             method = own.pop("method", None)
             requests.append((prompt, self.sampling_params(**{**sampling, **own}), method))
-        return generate_all(self.batch_engine(max_batch), requests)
+        return generate_all(self.scheduler(max_batch), requests)
 
 
 def load(target: str | Path | None = None, draft: str | Path | None = None, **options) -> SpecDecoder:
@@ -213,7 +213,7 @@ def load_config(config: DecoderConfig) -> SpecDecoder:
         if draft_path is None:
             raise SpecdecError(f"method {c.method!r} needs a {c.method} head folder (--draft DIR): none is "
                                "shipped for this target")
-        proposer = head_proposer(c.method, draft_path, target_runner, c.tree_nodes, c.pack)
+        proposer = head_proposer(c.method, draft_path, target_runner, c.tree_nodes, c.pack, c.tree_lookup)
     elif c.draft is not None:
         raise SpecdecError(f"a draft model was given but method is {c.method!r}; use method 'draft'")
     exact = c.exact if c.exact is not None else default_exact(c.dtype, c.compile)
@@ -221,7 +221,8 @@ def load_config(config: DecoderConfig) -> SpecDecoder:
     # the setup a controller's learned acceptance and costs belong to (plus machine and sampling)
     setup = (f"{model_identity(target_path)}|{c.method}|{model_identity(draft_path)}|{c.dtype}|{c.backend}|"
              f"exact={exact}|{quantize}/{c.group_size}|pack={c.pack}|compile={c.compile}|{c.cross_vocab}|"
-             f"nodes={c.tree_nodes}|max_k={c.max_draft_tokens}|draft_vocab={c.draft_vocab}")
+             f"nodes={c.tree_nodes}|max_k={c.max_draft_tokens}|draft_vocab={c.draft_vocab}"
+             + (f"|lookup={c.tree_lookup}" if c.method == "eagle" else ""))
     engine = Engine(target_runner, tokenizer, proposer, c.method, target_eos,
                     max_draft_tokens=c.draft_tokens or c.max_draft_tokens, fixed_draft_tokens=c.draft_tokens,
                     typical_acceptance=c.typical_acceptance, exact=exact,

@@ -77,9 +77,11 @@ def eos_token_ids(folder: str | Path) -> tuple[int, ...]:
     return open_model(folder).eos_token_ids()
 
 
-def head_proposer(method: str, folder: Path, target_runner, tree_nodes: int | None, pack: bool = True):
+def head_proposer(method: str, folder: Path, target_runner, tree_nodes: int | None, pack: bool = True,
+                  lookup: bool = True):
     """Medusa or EAGLE proposer on top of the target's own embedding and lm_head; pack: the
-    head's weights packed for oneDNN, like its target's (models/packed.py)."""
+    head's weights packed for oneDNN, like its target's (models/packed.py); lookup: EAGLE's
+    greedy trees also hold the prompt-lookup chain."""
     from specdec.spec.proposers.eagle import EagleProposer, TreeShape
     from specdec.spec.proposers.eagle_head import load_eagle
     from specdec.spec.proposers.medusa import MedusaProposer, load_medusa
@@ -103,7 +105,7 @@ def head_proposer(method: str, folder: Path, target_runner, tree_nodes: int | No
     shape = TreeShape(**meta.get("tree", {}))
     if tree_nodes is not None:
         shape.nodes = tree_nodes
-    return EagleProposer(head, model.model.embed_tokens, model.lm_head, target_runner.max_len, shape)
+    return EagleProposer(head, model.model.embed_tokens, model.lm_head, target_runner.max_len, shape, lookup)
 
 
 def draft_to_4bit(runner, on: bool | None) -> None:

@@ -1,17 +1,17 @@
-"""What the loop (engine/batch.py) hands its callers: the chunks of a step, one request's
+"""What the loop (engine/scheduler.py) hands its callers: the chunks of a step, one request's
 stream (a batch of one: SpecDecoder.generate and stream), and offline batches of requests."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from specdec.engine.batch import BatchEngine, BatchEvent
+from specdec.engine.scheduler import Scheduler, StepEvent
 from specdec.engine.sequence import GenerationResult, StreamChunk
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
 from specdec.sampling.logprobs import last_entries
 
 
-def stream_chunks(batch: BatchEngine, event: BatchEvent) -> list[StreamChunk]:
+def stream_chunks(batch: Scheduler, event: StepEvent) -> list[StreamChunk]:
     """The chunks of this step of the sequence: one per step, and when the sequence finished,
     a last one with its result (carrying the step's tokens when EOS or a stop string ended it)."""
     seq, step = event.seq, event.step
@@ -33,7 +33,7 @@ def stream_chunks(batch: BatchEngine, event: BatchEvent) -> list[StreamChunk]:
     return chunks
 
 
-def stream(batch: BatchEngine, prompt: str | list[int], params: SamplingParams, method: str | None = None
+def stream(batch: Scheduler, prompt: str | list[int], params: SamplingParams, method: str | None = None
            ) -> Iterator[StreamChunk]:
     """One request through the loop alone (the batch must be empty): a chunk per step; the last
     chunk carries the result (and, when EOS or a stop string ended the generation, that step's
@@ -50,7 +50,7 @@ def stream(batch: BatchEngine, prompt: str | list[int], params: SamplingParams, 
             batch.cancel(seq)
 
 
-def generate_one(batch: BatchEngine, prompt: str | list[int], params: SamplingParams,
+def generate_one(batch: Scheduler, prompt: str | list[int], params: SamplingParams,
                  method: str | None = None) -> GenerationResult:
     result = None
     for chunk in stream(batch, prompt, params, method):
@@ -58,7 +58,7 @@ def generate_one(batch: BatchEngine, prompt: str | list[int], params: SamplingPa
     return result
 
 
-def generate_all(batch: BatchEngine, requests: Iterable[tuple[str | list[int], SamplingParams, str | None]]
+def generate_all(batch: Scheduler, requests: Iterable[tuple[str | list[int], SamplingParams, str | None]]
                  ) -> list[GenerationResult]:
     """Run (prompt, params, method) requests through the batch, admitting a waiting request
     whenever a slot frees; results in request order."""

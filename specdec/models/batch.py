@@ -94,21 +94,22 @@ class BatchPass(PassAttention):
         return y[None]
 
 
-def batch_forward(model: LlamaModel, ids: list[list[int]], cache: BatchKVCache, exact: list[bool] | None = None,
-                  trees: list[torch.Tensor | None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Append ids[b] to slot b of the cache for b in [0, len(ids)) in one pass; return the
-    logits and final-norm hidden states of every row, packed: [sum of len(ids[b]), V] and
-    [..., d], slot b's after slot b-1's. exact[b]: slot b's rows are computed as 1-token passes
-    would compute them. trees[b] (None: a chain): slot b's rows are a tree, seen [T_b, T_b]
-    bool (row t sees the rows of itself and its ancestors, as verify.tree_attention_mask):
-    each row at the position of its depth, attending to the slot's cache and its ancestors.
+def batch_forward(model: LlamaModel, plan: PassPlan, cache: BatchKVCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """Append plan.rows[b] to slot b of the cache for b in [0, len(plan.rows)) in one pass;
+    return the logits and final-norm hidden states of every row, packed: [sum of
+    len(plan.rows[b]), V] and [..., d], slot b's after slot b-1's. plan.exact[b]: slot b's rows
+    are computed as 1-token passes would compute them. plan.trees[b] (None: a chain): slot b's
+    rows are a tree, seen [T_b, T_b] bool (row t sees the rows of itself and its ancestors, as
+    verify.tree_attention_mask): each row at the position of its depth, attending to the slot's
+    cache and its ancestors.
 
     Rows are packed (no padding) through the projections, which cost by the row, and padded
     to the widest slot only inside attention: a slot verifying no drafts does not pay the
     projections for another's 8."""
+    ids, exact = plan.rows, plan.exact
     n, widths = len(ids), [len(r) for r in ids]
     T, device = max(widths), model.device
-    trees = trees or [None] * n
+    trees = plan.trees or [None] * n
     starts = cache.lengths[:n]
     end = cache.begin_pass(widths)
     slot, row, pos = cache.pass_rows()
@@ -181,7 +182,7 @@ class BatchRunner:
         """One pass over the plan's slots; per slot the logits [len(plan.rows[b]), V] of its
         rows; their final hidden states per slot in last_hidden (always: they cost nothing
         more here)."""
-        logits, hidden = batch_forward(self.model, plan.rows, self.cache, plan.exact, plan.trees)
+        logits, hidden = batch_forward(self.model, plan, self.cache)
         widths = [len(row) for row in plan.rows]
         self.last_hidden = list(hidden.split(widths))
         return list(logits.split(widths))

@@ -1,5 +1,5 @@
 """Any single-sequence Runner (native, compiled, transformers) as a batch of one slot, so the
-one decode loop (engine/batch.py) serves a lone request exactly as the runner computes it: the
+one decode loop (engine/scheduler.py) serves a lone request exactly as the runner computes it: the
 same passes, kernels and cache a single-sequence decoder would use (BatchRunner's interface
 for slot 0)."""
 from __future__ import annotations

@@ -22,7 +22,7 @@ class ServerSettings:
     max_queue: int = 64  # requests waiting for the engine; more -> 429
     max_tokens_limit: int | None = 4096  # largest max_tokens accepted (None: the context window)
     max_body_bytes: int = MAX_BODY_BYTES
-    max_batch: int = 1  # > 1: continuous batching of up to this many sequences (BatchEngine)
+    max_batch: int = 1  # > 1: continuous batching of up to this many sequences (Scheduler)
     engine_thread: bool = True  # False: the caller runs the engine loop (EngineWorker.run_here)
     replica_id: str | None = None  # one of several replicas (Ray Serve): sent as X-Specdec-Replica
     peer_metrics: Callable[[], dict[str, str]] | None = None  # the other replicas' /metrics texts, by id

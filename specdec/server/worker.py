@@ -4,7 +4,7 @@ The model (and its KV cache) is not thread-safe, so exactly one thread owns the 
 own thread (start(), as in-process test clients use it), or the caller's (run_here():
 `specdec serve` runs the engine in the main thread and the HTTP server beside it, because
 PyTorch's parallel CPU ops run 2-10x slower from a second thread here). Requests become Jobs in a bounded queue
-(full -> the handler answers 429). The thread runs the decoder's one loop (a BatchEngine of
+(full -> the handler answers 429). The thread runs the decoder's one loop (a Scheduler of
 `--max-batch N` slots; N = 1, the default, is the decoder's own runner and cache) and posts
 events back to the job's asyncio queue with loop.call_soon_threadsafe, so the async handlers
 never block the event loop. A job's choices take slots as they free; the next job leaves the
@@ -46,7 +46,7 @@ class EngineWorker:
         if max_batch > 1 and decoder.method not in BATCHED_METHODS:
             raise SpecdecError(f"--max-batch > 1 batches the methods {', '.join(BATCHED_METHODS)}; "
                                f"this server's method is {decoder.method!r}")
-        self.batch = decoder.batch_engine(max_batch)
+        self.batch = decoder.scheduler(max_batch)
         if self.batch.method != decoder.method:  # a drafter that cannot be forked per sequence
             raise SpecdecError(f"--max-batch > 1 cannot batch this server's {decoder.method!r} drafter")
         self._jobs: list[RunningJob] = []  # jobs in the batch, in arrival order

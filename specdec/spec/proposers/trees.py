@@ -17,6 +17,24 @@ def node_budgets(max_nodes: int) -> list[int]:
     return sorted({min(s, max_nodes) for s in (*TREE_BUDGETS, max_nodes)})
 
 
+def graft_chain(tokens: list[int], parents: list[int], chain: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """A tree (tokens, parents: -1 = the root) with a chain of tokens from the root added: the
+    chain follows the nodes that hold its tokens, and new nodes (appended, children after their
+    parents) carry the rest. Returns the tokens, the parents and the chain's nodes in order."""
+    tokens, parents = list(tokens), list(parents)
+    child = {(parent, token): node for node, (token, parent) in reversed(list(enumerate(zip(tokens, parents))))}
+    node, path = -1, []
+    for token in chain:
+        nxt = child.get((node, token))
+        if nxt is None:
+            nxt = child[node, token] = len(tokens)
+            tokens.append(token)
+            parents.append(node)
+        node = nxt
+        path.append(node)
+    return tokens, parents, path
+
+
 def build_tree(rank_accuracy: list[list[float]], num_nodes: int) -> list[tuple[int, ...]]:
     """Greedy expected-acceptance construction (Medusa paper): repeatedly add the choice with
     the highest probability of being accepted, Π_d rank_accuracy[d][rank_d], among those whose

@@ -1,7 +1,7 @@
 """The decode loop, for one request or many: generations share each target pass.
 
 Decoding is bound by reading the weights, so one pass over the rows of B sequences costs far
-less than B passes. The BatchEngine holds up to max_batch Sequences, each in its own slot of
+less than B passes. The Scheduler holds up to max_batch Sequences, each in its own slot of
 one KV cache; sequences join (`add`) and leave (finished, or `cancel`) between steps. A lone
 request (`stream`, `generate_one`; SpecDecoder.generate and stream) is a batch of one: the
 decoder's own runner (any backend, models/one_slot.py), drafter and controllers, its prompt
@@ -58,14 +58,14 @@ from specdec.stats import StepRecord
 
 
 @dataclass
-class BatchEvent:
+class StepEvent:
     """What one engine step did for one sequence: step is None when the sequence only
     prefilled (part of) its prompt."""
     seq: Sequence
     step: StepRecord | None
 
 
-class BatchEngine:
+class Scheduler:
     def __init__(self, engine: Engine, max_batch: int = 8, prefill_chunk: int = 512, max_rows: int = 64,
                  calibrate: bool = False):
         if max_batch < 1 or prefill_chunk < 1 or max_rows < max_batch:
@@ -203,7 +203,7 @@ class BatchEngine:
             self.draft.reset(last)
 
     # ---------------------------------------------------------------- one step
-    def step(self) -> list[BatchEvent]:
+    def step(self) -> list[StepEvent]:
         """Prefill work, then one decode step for every prefilled sequence (one target pass):
         one event per sequence that did something. Finished sequences leave the batch (their
         events carry finish_reason; `finish` gives the result)."""
@@ -220,7 +220,7 @@ class BatchEngine:
                 self._release(slot)
         return events
 
-    def _prefill(self) -> list[BatchEvent]:
+    def _prefill(self) -> list[StepEvent]:
         events, spent = [], 0
         for slot, entry in enumerate(self.entries):
             if spent >= self.prefill_chunk:
@@ -244,10 +244,10 @@ class BatchEngine:
             entry.prefilled += len(ids)
             spent += len(ids)
             seq.stats.prefill_seconds += time.perf_counter() - t0
-            events.append(BatchEvent(seq, None))
+            events.append(StepEvent(seq, None))
         return events
 
-    def _decode(self, ready: list[int]) -> list[BatchEvent]:
+    def _decode(self, ready: list[int]) -> list[StepEvent]:
         began = time.perf_counter()
         budgets, proposals, draft_seconds, model_seconds = self.drafting.plan(self.entries, ready, self.runner)
         rows: list[list[int]] = [[] for _ in range(ready[-1] + 1)]
@@ -286,7 +286,7 @@ class BatchEngine:
             kept_logits = logits[slot][kept] if seq.token_logprobs is not None else None  # logprobs only
             step = self.engine.emit(seq, tokens, kept_logits, budget, proposal, n, drafted_in,
                                     target_seconds, other_since=t1, observe=entry.method != "none")
-            events.append(BatchEvent(seq, step))
+            events.append(StepEvent(seq, step))
         self.drafting.observe_step(sum(len(e.step.new_tokens) for e in events if e.step is not None),
                                    time.perf_counter() - began)
         return events
