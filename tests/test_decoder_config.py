@@ -36,5 +36,7 @@ def test_the_command_line_and_load_describe_the_same_decoder():
     assert config == DecoderConfig(method="draft", dtype="bfloat16", draft_tokens=3, memory=False,
                                    draft_vocab=32768, max_len=512)
     assert pickle.loads(pickle.dumps(config)) == config  # what serve --ray sends to its replicas
+    args = build_parser().parse_args(["generate", "x", "--method", "eagle", "--no-tree-lookup"])
+    assert decoder_config(args) == DecoderConfig(method="eagle", tree_lookup=False)
     decoder = specdec.load_config(DecoderConfig(method="ngram", memory=False, calibrate=False))
     assert decoder.method == "ngram" and decoder.generate("def f(x):", max_new_tokens=4).stats.new_tokens == 4
