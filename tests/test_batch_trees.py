@@ -215,7 +215,7 @@ def test_a_larger_batch_does_not_explore_forked_drafting_where_a_smaller_one_los
         for _ in range(n):
             on = drafting.forked_gate(entries, ready, [4] * len(ready))
             on_steps += on
-            drafting.observe_step(6 if on else 2, (0.01 if pays else 0.04) if on else 0.01)
+            drafting.observe_step(6 if on else 2, (0.01 if pays else 0.04) if on else 0.01, len(ready))
         return on_steps
 
     assert 0 < steps([0, 1], 40, pays=False) < 10  # explored, then off
@@ -223,3 +223,26 @@ def test_a_larger_batch_does_not_explore_forked_drafting_where_a_smaller_one_los
     assert drafting.forked_gates[4].samples[0] == 40  # its plain steps still measured
     steps([0, 1], 300, pays=True)  # the smaller batch's probes find drafting paying
     assert steps([0, 1, 2, 3], 40, pays=True) > 20
+
+
+def test_the_forked_gate_judges_steps_per_sequence_against_a_plain_pass_over_as_many(dirs):
+    """A bucket holds batches of 2 to 3 sequences here: drafting measured only in steps of 3
+    gives more tokens a second than plain steps of 2 (222 vs 200) while losing against a plain
+    pass over 3 (4/3 tokens a sequence in 1.5 such passes): the gate turns drafting off."""
+    from types import SimpleNamespace
+
+    target, heads = dirs
+    spec = specdec.load(target=target, draft=heads["eagle"], method="eagle", calibrate=False)
+    drafting = spec.scheduler(4).drafting
+    drafting.width.target.seconds = {1: 0.008, 2: 0.010, 3: 0.012, 4: 0.014}  # a plain pass by rows
+    entries = [SimpleNamespace(forked=True)] * 3
+    on_steps = 0
+    for _ in range(60):
+        on = drafting.forked_gate(entries, [0, 1, 2], [4] * 3)
+        on_steps += on
+        if on:  # drafting steps: 3 sequences
+            drafting.observe_step(4, 0.018, 3)
+        else:  # plain steps: 2 sequences (the third still prefilling)
+            drafting.observe_step(2, 0.010, 2)
+    gate = drafting.forked_gates[2]
+    assert gate.rate(1) < gate.rate(0) and on_steps < 10

@@ -192,11 +192,17 @@ class BatchDrafting:
                    and gate.samples.get(1, 0) >= gate.min_samples and gate.rate(1) < gate.rate(0)
                    for size, gate in self.forked_gates.items())
 
-    def observe_step(self, tokens: int, seconds: float) -> None:
+    def observe_step(self, tokens: int, seconds: float, sequences: int) -> None:
         """The whole batch step's tokens and seconds (drafting, pass, verification), for the
-        gate consulted in plan()."""
+        gate consulted in plan(). A bucket holds batches of n to 2n - 1 sequences, and a fuller
+        step gives more tokens a second with or without drafts: each step is judged per
+        sequence against a plain pass over as many (the width's measured costs), so that
+        drafting measured in fuller steps than the plain ones does not look like a gain."""
         if self.gate is not None and tokens > 0:
             gate, on = self.gate
+            plain = self.width.target.estimate(sequences)
+            if plain:  # tokens a sequence (a fraction) in units of that plain pass
+                tokens, seconds = tokens / sequences, seconds / plain
             gate.observe(StepRecord(budget=on, drafted=0, accepted=tokens - 1, new_tokens=(), text="",
                                     draft_seconds=0.0, sync_seconds=0.0, target_seconds=seconds, other_seconds=0.0))
         self.gate = None
