@@ -194,7 +194,7 @@ def test_a_batch_drafts_with_forked_drafters_only_where_they_pay(dirs, drafting_
     for _ in range(200):
         on = drafting.forked_gate(entries, [0, 1], [4, 4])
         on_steps += on
-        drafting.observe_step(6 if on else 2, (0.01 if drafting_pays else 0.04) if on else 0.01)
+        drafting.observe_step(6 if on else 2, (0.01 if drafting_pays else 0.04) if on else 0.01, 2)
     assert on_steps > 150 if drafting_pays else on_steps < 30
     drafting.forked_gate(entries, [0, 1], [0, 0])  # nothing to draft: no gate consulted
     assert drafting.gate is None
