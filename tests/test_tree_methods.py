@@ -99,8 +99,8 @@ def test_typical_acceptance_is_opt_in_and_labelled_lossy(text_dirs):
 
 
 def test_eagle_trees_with_lookup_chains_fit_the_end_of_the_cache(text_dirs):
-    """A greedy tree may hold a lookup chain beyond its node budget (extra_nodes): the budget
-    leaves room for it, up to the last row of a short cache; output as plain decoding's."""
+    """A greedy tree may hold a lookup chain beyond its node budget (up to tree_floor nodes):
+    budgets leave room for it, up to the last row of a short cache; output as plain decoding's."""
     target, heads = text_dirs
     prompt = "def add(a, b):\n    return a + b\n" * 2
     plain = specdec.load(target=target, dtype="float64", max_len=64)

@@ -220,8 +220,9 @@ class BatchDrafting:
             room = runner.max_len - len(seq.context)
             if entry.method == "none" or (entry.tree and runner.length(slot) == 0):
                 limits.append(0)
-            elif entry.tree:  # room and rows for the nodes a proposal may hold beyond its budget too
-                limits.append(max(0, min(room - 1, cap) - entry.proposer.extra_nodes))
+            elif entry.tree:  # a proposal may hold up to tree_floor nodes whatever its budget
+                limit = max(0, min(room - 1, cap))
+                limits.append(limit if limit >= entry.proposer.tree_floor else min(limit, 1))
             else:
                 limits.append(max(0, min(max_k, seq.remaining - 1, room - 1, cap)))
         return limits

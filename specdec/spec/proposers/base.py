@@ -39,7 +39,7 @@ class Proposer(Protocol):
     shape: str  # "chain" (budget = drafted tokens) or "tree" (budget = tree nodes)
     needs_hidden: bool  # wants the target's final hidden states (Medusa, EAGLE)
     tree_sizes: list[int]  # tree drafters only: the node budgets the controller chooses among
-    extra_nodes: int  # tree drafters only: the most nodes a proposal may hold beyond its budget
+    tree_floor: int  # tree drafters only: a proposal of budget k holds at most max(k, tree_floor) nodes
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Start a new sequence."""

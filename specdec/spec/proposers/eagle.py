@@ -24,8 +24,9 @@ from specdec.spec.proposers.prompt_lookup import PromptLookupProposer
 from specdec.spec.proposers.trees import graft_chain, node_budgets
 
 # A greedy tree holds the lookup chain's first k - 1 tokens within its budget of k nodes, and
-# up to this many in a smaller tree (measured on SmolLM2's held-out code, bf16, chains of at
-# most k - 1 against at most max(k - 1, 4) tokens: 1.22x against 1.51-1.55x plain decoding)
+# up to this many in a smaller tree, which then holds at most LOOKUP_TOKENS + 1 nodes (measured
+# on SmolLM2's held-out code, bf16, chains of at most k - 1 against at most max(k - 1, 4)
+# tokens: 1.22x against 1.51-1.55x plain decoding)
 LOOKUP_TOKENS = 4
 
 
@@ -48,7 +49,7 @@ class EagleProposer:
         # greedy trees also hold what followed the context's last n-gram earlier (prompt lookup):
         # code copies its prompt, which a head trained on other text drafts poorly
         self.lookup = PromptLookupProposer() if lookup else None
-        self.extra_nodes = LOOKUP_TOKENS - 1 if lookup else 0  # beyond k: a 4-chain and a grown node, k = 2
+        self.tree_floor = LOOKUP_TOKENS + 1 if lookup else 0  # k < 5: the chain beside k - 1 grown nodes
         self.vocab_size = embed.num_embeddings
         self.tree = tree or TreeShape()
         self.tree_sizes = node_budgets(self.tree.nodes)
@@ -214,7 +215,7 @@ class EagleProposer:
             for node in path:  # kept first: above every grown node's log-probability
                 scores[node] = float("inf")
         # keep the best k nodes (ancestor-closed: a child never outranks its parent)
-        if chain:  # a chain longer than the budget allows (extra_nodes) keeps k - 1 grown nodes too
+        if chain:  # a chain longer than the budget allows keeps k - 1 grown nodes too (tree_floor)
             k += max(0, len(path) - (k - 1))
         keep = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:k]
         keep_set = set(keep)

@@ -63,7 +63,7 @@ class MedusaProposer:
     name = "medusa"
     shape = "tree"
     needs_hidden = True
-    extra_nodes = 0
+    tree_floor = 0
 
     def __init__(self, heads: MedusaHeads, lm_head: nn.Module, choices: list[tuple[int, ...]],
                  tree_sizes: list[int] | None = None):
