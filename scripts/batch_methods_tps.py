@@ -1,10 +1,15 @@
 """Aggregate tokens/s of the batched engine per method, in process: N requests (held-out code
 prompts, T=0, a fixed number of tokens, EOS ignored) through a Scheduler of N slots, for each
 N and method; methods take turns, the whole round repeated (the repeats summed are reported).
-It approximates N closed-loop clients of `specdec serve --max-batch N` without HTTP.
+It approximates N closed-loop clients of `specdec serve --max-batch N` without HTTP: each client
+sends --requests-per-client requests one after another (a request waits for a free slot). With
+one request a client, a round is one wave of N requests that lasts as long as its slowest one:
+drafting that speeds up some sequences and not others gains nothing there, while closed-loop
+clients fill a freed slot with their next request.
 
     python scripts/batch_methods_tps.py [--target smollm2] [--dtype bfloat16] [--methods none,eagle,draft]
                                         [--clients 1,16] [--tokens 64] [--repeats 2]
+                                        [--requests-per-client 1]
 """
 from __future__ import annotations
 
@@ -29,11 +34,13 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--requests-per-client", type=int, default=1)
     args = p.parse_args()
     methods, sizes = args.methods.split(","), [int(x) for x in args.clients.split(",")]
     torch.set_num_threads(args.threads)
     decoders = {m: specdec.load(target=args.target, method=m, dtype=args.dtype, calibrate=True) for m in methods}
-    prompts = [q.text for q in build_suite(16, ["code"])]
+    # distinct prompts for every request of a round (92 held-out code prompts at most)
+    prompts = list(dict.fromkeys(q.text for q in build_suite(max(16, max(sizes) * args.requests_per_client), ["code"])))
     engines: dict[tuple[str, int], Scheduler] = {}
     totals: dict[tuple[str, int], list[float]] = {}  # tokens, seconds over the repeats
     for r in range(args.repeats):
@@ -47,7 +54,7 @@ def main() -> None:
                 # left by the last request (prefix reuse), which plain decoding has and a tree
                 # drafter (whose head needs the prompt's features) does not
                 results = generate_all(engines[m, n], [(prompts[(i + r) % len(prompts)], params, m)
-                                                       for i in range(n)])
+                                                       for i in range(n * args.requests_per_client)])
                 seconds = time.perf_counter() - t0
                 tps = sum(len(x.token_ids) for x in results) / seconds
                 accepted = sum(x.stats.accepted_tokens for x in results) / sum(x.stats.target_forwards for x in results)
@@ -57,7 +64,8 @@ def main() -> None:
                 print(f"repeat {r} clients {n:2d} {m:6s} {tps:6.1f} tok/s  accepted a step {accepted:.2f}", flush=True)
     # all repeats summed: each repeat runs other prompts, so the best repeat of a method would
     # also pick its easiest prompts
-    print(f"{args.target} {args.dtype}, {args.tokens} tokens a request, {args.repeats} repeats summed:")
+    print(f"{args.target} {args.dtype}, {args.tokens} tokens a request, {args.requests_per_client} request(s) "
+          f"a client, {args.repeats} repeats summed:")
     for n in sizes:
         base = totals["none", n][0] / totals["none", n][1] if ("none", n) in totals else None
         for m in methods:

@@ -5,6 +5,8 @@ equal plain decoding alone (float64; bfloat16 in exact mode), sampled trees keep
 exact distribution (chi-square), and a batched tree pass gives each slot the logits of its
 own single-sequence tree pass."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from specdec.engine.scheduler import Scheduler
 from specdec.models.batch import BatchRunner
 from specdec.models.cache import PassPlan
 from specdec.sampling import SamplingParams
+from specdec.spec.control.tree_size import TreeSizeController
 from specdec.spec.verify import tree_attention_mask, tree_depths
 
 from distribution import N_QUICK, NEW, PROMPT, interleaved_p_values, tiny_model_dir
@@ -179,48 +182,50 @@ def test_batched_sequences_learn_from_each_other_through_the_engine(dirs):
     assert sum(seq.controller.memory()["samples"].values()) > 0  # started from the learned state
 
 
+def forked_entry() -> SimpleNamespace:
+    """A forked sequence's entry as the gate reads it: its controller has measured no tree size,
+    so the cost bound (every node accepted) leaves the judging to the gate."""
+    return SimpleNamespace(forked=True, seq=SimpleNamespace(controller=TreeSizeController([1, 2, 4])))
+
+
 @pytest.mark.parametrize("drafting_pays", [False, True])
 def test_a_batch_drafts_with_forked_drafters_only_where_they_pay(dirs, drafting_pays):
     """Forked drafters run one sequence after another, a cost each sequence's controller does not
     see (each is charged the shared target pass whatever it drafts): the batch measures its own
     tokens a second with them and without (steps of 6 tokens in 40 ms against 2 in 10 ms, or 6 in
     10 ms against 2 in 10 ms) and keeps the better, re-measuring the other now and then."""
-    from types import SimpleNamespace
-
     target, heads = dirs
     spec = specdec.load(target=target, draft=heads["eagle"], method="eagle", calibrate=False)
     drafting = spec.scheduler(2).drafting
-    entries, on_steps = [SimpleNamespace(forked=True)] * 2, 0
+    entries, on_steps = [forked_entry()] * 2, 0
     for _ in range(200):
         on = drafting.forked_gate(entries, [0, 1], [4, 4])
         on_steps += on
-        drafting.observe_step(6 if on else 2, (0.01 if drafting_pays else 0.04) if on else 0.01, 2)
+        drafting.gate.observe_step(6 if on else 2, (0.01 if drafting_pays else 0.04) if on else 0.01, 2)
     assert on_steps > 150 if drafting_pays else on_steps < 30
     drafting.forked_gate(entries, [0, 1], [0, 0])  # nothing to draft: no gate consulted
-    assert drafting.gate is None
+    assert drafting.gate.current is None
 
 
 def test_a_larger_batch_does_not_explore_forked_drafting_where_a_smaller_one_lost(dirs):
     """Forked drafting only costs more in a fuller batch: once 2 sequences measured it slower
     than plain steps, 4 never pay for trying it, until the smaller batch finds it paying."""
-    from types import SimpleNamespace
-
     target, heads = dirs
     spec = specdec.load(target=target, draft=heads["eagle"], method="eagle", calibrate=False)
     drafting = spec.scheduler(4).drafting
-    entries = [SimpleNamespace(forked=True)] * 4
+    entries = [forked_entry()] * 4
 
     def steps(ready: list[int], n: int, pays: bool) -> int:
         on_steps = 0
         for _ in range(n):
             on = drafting.forked_gate(entries, ready, [4] * len(ready))
             on_steps += on
-            drafting.observe_step(6 if on else 2, (0.01 if pays else 0.04) if on else 0.01, len(ready))
+            drafting.gate.observe_step(6 if on else 2, (0.01 if pays else 0.04) if on else 0.01, len(ready))
         return on_steps
 
     assert 0 < steps([0, 1], 40, pays=False) < 10  # explored, then off
     assert steps([0, 1, 2, 3], 40, pays=False) == 0
-    assert drafting.forked_gates[4].samples[0] == 40  # its plain steps still measured
+    assert drafting.gate.buckets[4].samples[0] == 40  # its plain steps still measured
     steps([0, 1], 300, pays=True)  # the smaller batch's probes find drafting paying
     assert steps([0, 1, 2, 3], 40, pays=True) > 20
 
@@ -229,20 +234,43 @@ def test_the_forked_gate_judges_steps_per_sequence_against_a_plain_pass_over_as_
     """A bucket holds batches of 2 to 3 sequences here: drafting measured only in steps of 3
     gives more tokens a second than plain steps of 2 (222 vs 200) while losing against a plain
     pass over 3 (4/3 tokens a sequence in 1.5 such passes): the gate turns drafting off."""
-    from types import SimpleNamespace
-
     target, heads = dirs
     spec = specdec.load(target=target, draft=heads["eagle"], method="eagle", calibrate=False)
     drafting = spec.scheduler(4).drafting
     drafting.width.target.seconds = {1: 0.008, 2: 0.010, 3: 0.012, 4: 0.014}  # a plain pass by rows
-    entries = [SimpleNamespace(forked=True)] * 3
+    entries = [forked_entry()] * 3
     on_steps = 0
     for _ in range(60):
         on = drafting.forked_gate(entries, [0, 1, 2], [4] * 3)
         on_steps += on
         if on:  # drafting steps: 3 sequences
-            drafting.observe_step(4, 0.018, 3)
+            drafting.gate.observe_step(4, 0.018, 3)
         else:  # plain steps: 2 sequences (the third still prefilling)
-            drafting.observe_step(2, 0.010, 2)
-    gate = drafting.forked_gates[2]
+            drafting.gate.observe_step(2, 0.010, 2)
+    gate = drafting.gate.buckets[2]
     assert gate.rate(1) < gate.rate(0) and on_steps < 10
+
+
+def test_forked_drafting_is_not_tried_where_even_its_measured_acceptance_cannot_pay():
+    """Where a pass is compute-bound (rows cost the same in a pass of 16 or 32, as 16
+    sequences on SmolLM2 here) one-node trees whose node is accepted 70% of the time cannot
+    beat plain steps, whatever drafting costs: the gate does not explore there. Unmeasured
+    sizes count as always accepted (so a new batch still explores), and where passes are
+    weight-bound (4 rows cost little more than 2) the same acceptance may pay."""
+    from specdec.spec.control.batch_width import BatchDraftLength
+    from specdec.spec.control.forked_gate import ForkedGate
+
+    def controller(accepted: float | None) -> TreeSizeController:
+        c = TreeSizeController([1, 2, 4])
+        if accepted is not None:  # 8 steps of one-node trees measured: 1 + accepted tokens a step
+            c.samples[1], c.weight[1], c.tokens[1], c.seconds[1] = 8, 8.0, 8 * (1 + accepted), 0.08
+        return c
+
+    width = BatchDraftLength()
+    width.target.seconds = {2: 0.0102, 4: 0.0105, 16: 0.0392, 32: 0.075}
+    gate = ForkedGate(width)
+    assert not gate.could_pay(16, [(controller(0.7), 1)] * 16)
+    assert gate.could_pay(16, [(controller(None), 1)] * 16)  # not measured: every node accepted
+    assert gate.could_pay(2, [(controller(0.7), 1)] * 2)
+    seen = gate.allows(16, [(controller(0.7), 1)] * 16), gate.current
+    assert seen == (False, None) and not gate.buckets  # no bucket explored or charged

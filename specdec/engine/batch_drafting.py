@@ -15,12 +15,11 @@ from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
 from specdec.models.cache import PassPlan
 from specdec.spec.control.batch_width import BatchDraftLength
-from specdec.spec.control.tree_size import TreeSizeController
+from specdec.spec.control.forked_gate import ForkedGate
 from specdec.spec.proposers.base import Proposal, Proposer
 from specdec.spec.proposers.batch_draft import BatchDraftModel, DraftRequest
 from specdec.spec.proposers.draft_model import DraftModelProposer
 from specdec.spec.proposers.prompt_lookup import PromptLookupProposer
-from specdec.stats import StepRecord
 
 BATCHED_METHODS = ("none", "ngram", "draft", "medusa", "eagle")
 TREE_METHODS = ("medusa", "eagle")
@@ -74,12 +73,7 @@ class BatchDrafting:
             self.proposers[engine.method] = None
             self.forked_method = engine.method
         self.width = BatchDraftLength()  # the batch's K (unless the engine fixes K)
-        # whether forked drafters draft at all this step, by batch size (a power of two): their
-        # passes run one sequence after another, a cost no sequence's own controller sees (each
-        # is charged the shared target pass whatever it drafts), so the batch measures its own
-        # tokens a second with them and without (a two-size TreeSizeController: 0 off, 1 on)
-        self.forked_gates: dict[int, TreeSizeController] = {}
-        self.gate: tuple[TreeSizeController, int] | None = None  # this step's gate and choice
+        self.gate = ForkedGate(self.width)  # whether forked drafters draft at all this step
 
     def calibrate(self, runner: BatchRunner, max_batch: int, exact: bool, filler: int, context: int = 8,
                   repeats: int = 2) -> None:
@@ -169,43 +163,14 @@ class BatchDrafting:
         return (budgets, *self.propose(entries, ready, budgets, early))
 
     def forked_gate(self, entries: list[BatchEntry], ready: list[int], limits: list[int]) -> bool:
-        """Whether the forked drafters may draft this step (see forked_gates); True where none
-        would, and for a sequence alone (its controller sees its drafter's cost)."""
-        self.gate = None
+        """Whether the forked drafters may draft this step (spec/control/forked_gate.py); True
+        where none would, and for a sequence alone (its controller sees its drafter's cost)."""
+        self.gate.current = None
         if self.engine.fixed_draft_tokens is not None or len(ready) == 1 or not any(
                 entries[slot].forked and lim for slot, lim in zip(ready, limits)):
             return True
-        bucket = 1 << (len(ready).bit_length() - 1)
-        gate = self.forked_gates.setdefault(bucket, TreeSizeController([1]))
-        if gate.samples.get(1, 0) < gate.min_samples and self._smaller_batch_gate_off(bucket):
-            self.gate = (gate, 0)  # not explored: a smaller batch measured it losing
-            return False
-        self.gate = (gate, gate.choose(1))
-        return self.gate[1] == 1
-
-    def _smaller_batch_gate_off(self, bucket: int) -> bool:
-        """Whether a smaller batch measured forked drafting slower than plain steps. Its cost
-        only grows with the batch (a pass fuller of rows is more compute-bound, and the forks
-        draft one after another), and so does what an exploration step loses: a batch is not
-        explored where a smaller one lost."""
-        return any(size < bucket and gate.samples.get(0, 0) >= gate.min_samples
-                   and gate.samples.get(1, 0) >= gate.min_samples and gate.rate(1) < gate.rate(0)
-                   for size, gate in self.forked_gates.items())
-
-    def observe_step(self, tokens: int, seconds: float, sequences: int) -> None:
-        """The whole batch step's tokens and seconds (drafting, pass, verification), for the
-        gate consulted in plan(). A bucket holds batches of n to 2n - 1 sequences, and a fuller
-        step gives more tokens a second with or without drafts: each step is judged per
-        sequence against a plain pass over as many (the width's measured costs), so that
-        drafting measured in fuller steps than the plain ones does not look like a gain."""
-        if self.gate is not None and tokens > 0:
-            gate, on = self.gate
-            plain = self.width.target.estimate(sequences)
-            if plain:  # tokens a sequence (a fraction) in units of that plain pass
-                tokens, seconds = tokens / sequences, seconds / plain
-            gate.observe(StepRecord(budget=on, drafted=0, accepted=tokens - 1, new_tokens=(), text="",
-                                    draft_seconds=0.0, sync_seconds=0.0, target_seconds=seconds, other_seconds=0.0))
-        self.gate = None
+        return self.gate.allows(len(ready), [(entries[slot].seq.controller, lim) for slot, lim in zip(ready, limits)
+                                             if entries[slot].forked and lim])
 
     def limits(self, entries: list[BatchEntry], ready: list[int], runner: BatchRunner) -> list[int]:
         """The most drafts (a tree: nodes) each sequence may take this step: its method's and

@@ -130,7 +130,9 @@ class Scheduler:
         self.runner.rollback(slot, reused)
         entry.prefilled = seq.stats.cached_prompt_tokens = reused
         if entry.proposer is not None:
-            entry.proposer.reset(seq.prompt_ids)
+            # in a batch a drafter reads the prompt at its first draft (a cross-vocabulary draft
+            # prefills it then), which the batch's gate may never allow: plain steps pay nothing
+            entry.proposer.reset(seq.prompt_ids if self.max_batch == 1 else [])
         if self.draft is not None:
             self.draft.reset(slot)
         self.entries.append(entry)
@@ -287,6 +289,6 @@ class Scheduler:
             step = self.engine.emit(seq, tokens, kept_logits, budget, proposal, n, drafted_in,
                                     target_seconds, other_since=t1, observe=entry.method != "none")
             events.append(StepEvent(seq, step))
-        self.drafting.observe_step(sum(len(e.step.new_tokens) for e in events if e.step is not None),
+        self.drafting.gate.observe_step(sum(len(e.step.new_tokens) for e in events if e.step is not None),
                                    time.perf_counter() - began, len(ready))
         return events

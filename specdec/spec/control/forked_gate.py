@@ -1,0 +1,93 @@
+"""Whether a batch's forked drafters (a tree method's head, a draft with another tokenizer:
+one proposer per sequence, engine/batch_drafting.py) draft at all in a step.
+
+Their passes run one sequence after another, a cost no sequence's own controller sees (each is
+charged the shared target pass whatever it drafts). So the batch measures its own tokens a
+second with them and without, by batch size (a power of two; a two-size TreeSizeController: 0
+off, 1 on), after a bound from measured costs has said that drafting could pay at all."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec.spec.control.base import Controller
+from specdec.spec.control.batch_width import BatchDraftLength
+from specdec.spec.control.tree_size import TreeSizeController
+from specdec.stats import StepRecord
+
+
+def expected_tokens(controller: Controller, size: int) -> float:
+    """A sequence's expected tokens from a step of `size` drafts (a tree: nodes): a chain's
+    acceptance estimate, or a tree controller's measured tokens a step at that size (every
+    node accepted where it has not measured it)."""
+    if hasattr(controller, "expected_tokens"):
+        return controller.expected_tokens(size)
+    weight = getattr(controller, "weight", {}).get(size, 0.0)
+    return controller.tokens[size] / weight if weight > 0 else size + 1.0
+
+
+@dataclass
+class ForkedGate:
+    width: BatchDraftLength  # the batch's measured pass costs
+    buckets: dict[int, TreeSizeController] = field(default_factory=dict)  # by batch size (a power of two)
+    current: tuple[TreeSizeController, int] | None = None  # this step's bucket and choice
+
+    def allows(self, n: int, forked: list[tuple[Controller, int]]) -> bool:
+        """Whether the forked drafters of a step of n sequences may draft; forked: the
+        controller and draft limit of each forked sequence that could."""
+        self.current = None
+        if not self.could_pay(n, forked):
+            return False
+        bucket = 1 << (n.bit_length() - 1)
+        gate = self.buckets.setdefault(bucket, TreeSizeController([1]))
+        if gate.samples.get(1, 0) < gate.min_samples and self._smaller_batch_off(bucket):
+            self.current = (gate, 0)  # not explored: a smaller batch measured it losing
+            return False
+        self.current = (gate, gate.choose(1))
+        return self.current[1] == 1
+
+    def could_pay(self, n: int, forked: list[tuple[Controller, int]]) -> bool:
+        """Whether forked drafting could beat a plain step of n sequences at all, by the batch's
+        measured pass costs and each sequence's measured tokens a step at each draft size,
+        drafting itself counted free, by the margin the batch's K asks of drafts (estimates are
+        noisy; a new sequence's first draft also feeds its drafter the prompt). Once a pass is compute-bound, a drafted row costs about
+        as much as a plain one and pays only if nearly always accepted (16 sequences on SmolLM2
+        bf16 here: 2.45 ms a row in a 16-row pass, 2.34 in a 32-row one): exploring such a
+        batch with the gate only lost time, which its per-step judgement could not tell."""
+        plain = self.width.target.estimate(n)
+        if not plain or not forked:
+            return True
+        sizes = {min(size, lim) for controller, lim in forked
+                 for size in getattr(controller, "sizes", range(1, lim + 1)) if size > 0}
+        for size in sorted(sizes):
+            rows, tokens = n, float(n)
+            for controller, lim in forked:
+                rows += min(size, lim)
+                tokens += expected_tokens(controller, min(size, lim)) - 1
+            cost = self.width.target.estimate(rows)
+            if cost is None or tokens / cost > self.width.min_gain * n / plain:
+                return True
+        return False
+
+    def _smaller_batch_off(self, bucket: int) -> bool:
+        """Whether a smaller batch measured forked drafting slower than plain steps. Its cost
+        only grows with the batch (a pass fuller of rows is more compute-bound, and the forks
+        draft one after another), and so does what an exploration step loses: a batch is not
+        explored where a smaller one lost."""
+        return any(size < bucket and gate.samples.get(0, 0) >= gate.min_samples
+                   and gate.samples.get(1, 0) >= gate.min_samples and gate.rate(1) < gate.rate(0)
+                   for size, gate in self.buckets.items())
+
+    def observe_step(self, tokens: int, seconds: float, sequences: int) -> None:
+        """The whole batch step's tokens and seconds (drafting, pass, verification), for the
+        bucket consulted in allows(). A bucket holds batches of n to 2n - 1 sequences, and a
+        fuller step gives more tokens a second with or without drafts: each step is judged per
+        sequence against a plain pass over as many (the width's measured costs), so that
+        drafting measured in fuller steps than the plain ones does not look like a gain."""
+        if self.current is not None and tokens > 0:
+            gate, on = self.current
+            plain = self.width.target.estimate(sequences)
+            if plain:  # tokens a sequence (a fraction) in units of that plain pass
+                tokens, seconds = tokens / sequences, seconds / plain
+            gate.observe(StepRecord(budget=on, drafted=0, accepted=tokens - 1, new_tokens=(), text="",
+                                    draft_seconds=0.0, sync_seconds=0.0, target_seconds=seconds, other_seconds=0.0))
+        self.current = None
