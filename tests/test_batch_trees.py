@@ -272,5 +272,6 @@ def test_forked_drafting_is_not_tried_where_even_its_measured_acceptance_cannot_
     assert not gate.could_pay(16, [(controller(0.7), 1)] * 16)
     assert gate.could_pay(16, [(controller(None), 1)] * 16)  # not measured: every node accepted
     assert gate.could_pay(2, [(controller(0.7), 1)] * 2)
+    assert not gate.could_pay(2, [(TreeSizeController([2, 4]), 1)] * 2)  # no size it may choose fits
     seen = gate.allows(16, [(controller(0.7), 1)] * 16), gate.current
     assert seen == (False, None) and not gate.buckets  # no bucket explored or charged

@@ -47,22 +47,25 @@ class ForkedGate:
 
     def could_pay(self, n: int, forked: list[tuple[Controller, int]]) -> bool:
         """Whether forked drafting could beat a plain step of n sequences at all, by the batch's
-        measured pass costs and each sequence's measured tokens a step at each draft size,
-        drafting itself counted free, by the margin the batch's K asks of drafts (estimates are
-        noisy; a new sequence's first draft also feeds its drafter the prompt). Once a pass is compute-bound, a drafted row costs about
-        as much as a plain one and pays only if nearly always accepted (16 sequences on SmolLM2
-        bf16 here: 2.45 ms a row in a 16-row pass, 2.34 in a 32-row one): exploring such a
-        batch with the gate only lost time, which its per-step judgement could not tell."""
+        measured pass costs and each sequence's measured tokens a step at each size its
+        controller may choose (an unmeasured size counts every node accepted), drafting itself
+        counted free, by the margin the batch's K asks of drafts (estimates are noisy). Once a
+        pass is compute-bound a drafted row costs about as much as a plain one and pays only if
+        nearly always accepted (SmolLM2 bf16 here: 2.45 ms a row in a 16-row pass, 2.34 in a
+        32-row one); where it cannot pay, the gate is neither explored nor charged."""
         plain = self.width.target.estimate(n)
         if not plain or not forked:
             return True
-        sizes = {min(size, lim) for controller, lim in forked
-                 for size in getattr(controller, "sizes", range(1, lim + 1)) if size > 0}
-        for size in sorted(sizes):
+        # the sizes each controller may choose within its limit (a tree's smallest size may not
+        # fit: a batch of 16 leaves 3 rows a sequence, a tree controller's sizes start at 2)
+        choices = [(controller, [size for size in getattr(controller, "sizes", range(1, lim + 1)) if 0 < size <= lim])
+                   for controller, lim in forked]
+        for size in sorted({size for _, sizes in choices for size in sizes}):
             rows, tokens = n, float(n)
-            for controller, lim in forked:
-                rows += min(size, lim)
-                tokens += expected_tokens(controller, min(size, lim)) - 1
+            for controller, sizes in choices:
+                if size in sizes:
+                    rows += size
+                    tokens += expected_tokens(controller, size) - 1
             cost = self.width.target.estimate(rows)
             if cost is None or tokens / cost > self.width.min_gain * n / plain:
                 return True
