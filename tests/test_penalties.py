@@ -148,8 +148,9 @@ def test_plain_decoding_with_penalties_matches_a_reference_loop(dirs):
 def test_greedy_identity_with_penalties(dirs, method):
     target, drafters = dirs
     plain = specdec.load(target=target, dtype="float64")
+    # the draft (the target's own weights) alone: a prompt-lookup branch beside it may be rejected
     spec = specdec.load(target=target, draft=drafters[method], method=method, dtype="float64",
-                        draft_tokens=4 if method in ("draft", "ngram") else 8)
+                        draft_tokens=4 if method in ("draft", "ngram") else 8, tree_lookup=method != "draft")
     drafted = accepted = 0
     for prompt in ["def add(a, b):", "".join(SAMPLE_TEXT[:4]), "x"]:  # the long one: prompt lookup finds matches
         want = plain.generate(prompt, max_new_tokens=40, **PENALIZED)

@@ -70,6 +70,43 @@ def test_graft_chain_follows_the_tree_and_appends_the_rest():
     assert graft_chain([], [], [3, 3]) == ([3, 3], [-1, 0], [0, 1])
 
 
+def test_chain_with_lookup_keeps_the_lookup_path_first_then_the_drafted_prefix():
+    from specdec.spec.proposers.trees import chain_with_lookup
+
+    assert chain_with_lookup([1, 2, 3], [], 3) == ([1, 2, 3], None)  # no match: the draft's chain
+    assert chain_with_lookup([1, 2, 3], [1, 2, 3, 4], 3) == ([1, 2, 3, 4], None)  # agreeing: one chain
+    # they part after 1: the lookup's 4 nodes and the draft's next token, max(k, 4 + 1) nodes
+    assert chain_with_lookup([1, 2, 3], [1, 9, 8, 7], 3) == ([1, 2, 9, 8, 7], [-1, 0, 0, 2, 3])
+    assert chain_with_lookup([1, 2, 3, 4, 5, 6], [5, 6], 6) == ([1, 2, 3, 4, 5, 6], [-1, 0, 1, 2, -1, 4])
+
+
+def test_draft_model_greedy_drafts_hold_the_prompt_lookup_chain(tmp_path):
+    """With lookup on, a greedy draft also holds what followed the context's last n-gram
+    earlier, from the root (a tree where the draft model disagrees), at most max(k, 5) nodes;
+    sampled drafts (verified against their distribution) and lookup off stay the model's chain."""
+    model = load_native(make_model_dir(tmp_path / "d", tokenizer="char", vocab_size=24), "float64")
+    prompt = [3, 7, 1, 9, 4, 12, 5, 3, 7]  # (3, 7) was followed by 1, 9, 4, 12
+
+    def propose(lookup: bool, params: SamplingParams, k: int):
+        proposer = DraftModelProposer(NativeRunner(model), lookup=lookup)
+        proposer.reset(prompt)
+        return proposer.propose(prompt, k, params, torch.Generator().manual_seed(0))
+
+    greedy = SamplingParams(temperature=0.0)
+    for k in (2, 3, 6):
+        own, both = propose(False, greedy, k), propose(True, greedy, k)
+        assert own.parents is None and len(own.tokens) == k
+        chain = [1, 9, 4, 12][:max(k - 1, 4)]
+        node, path = -1, []
+        for token in chain:  # the lookup chain is a path from the root
+            parents = both.parents or list(range(-1, len(both.tokens) - 1))
+            node = next(i for i, (t, p) in enumerate(zip(both.tokens, parents)) if t == token and p == node)
+            path.append(node)
+        assert len(both.tokens) <= max(k, 5) and both.tokens[0] in (own.tokens[0], chain[0])
+    sampled = propose(True, SamplingParams(temperature=1.0), 4)
+    assert sampled.parents is None and sampled.draft_probs is not None
+
+
 def test_eagle_greedy_trees_hold_the_prompt_lookup_chain(tmp_path):
     """A greedy tree keeps the chain prompt lookup proposes (what followed the context's last
     n-gram earlier) as a path from the root, within the node budget; sampled trees, whose

@@ -39,9 +39,9 @@ def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHOD
     p.add_argument("--max-draft-tokens", type=int, default=8, help="upper bound for adaptive K")
     p.add_argument("--tree-nodes", type=int, default=None, help="largest draft tree (medusa, eagle)")
     p.add_argument("--tree-lookup", action=argparse.BooleanOptionalAction, default=True,
-                   help="eagle's greedy trees also hold the prompt-lookup chain (what followed the context's "
-                        "last n-gram earlier: code copies its prompt), kept before the head's nodes (default "
-                        "on; lossless)")
+                   help="greedy drafts of eagle and of a draft model also hold the prompt-lookup chain (what "
+                        "followed the context's last n-gram earlier: code copies its prompt), kept before the "
+                        "drafter's own tokens, a tree where they differ (default on; lossless)")
     p.add_argument("--typical-acceptance", action="store_true",
                    help="LOSSY: Medusa's typical acceptance for tree methods at T > 0; the output no longer "
                         "follows the target's distribution (off by default)")

@@ -175,7 +175,8 @@ class BatchDrafting:
     def limits(self, entries: list[BatchEntry], ready: list[int], runner: BatchRunner) -> list[int]:
         """The most drafts (a tree: nodes) each sequence may take this step: its method's and
         its tokens' limits, and max_rows // n - 1 so that the padded pass holds at most max_rows
-        rows. A tree method's sequence drafts once the target has given it features."""
+        rows. A tree method's sequence drafts once the target has given it features; a drafter
+        whose proposals may hold up to tree_floor nodes drafts one token where those do not fit."""
         cap = self.max_rows // len(ready) - 1
         max_k = self.engine.fixed_draft_tokens or self.engine.max_draft_tokens
         limits = []
@@ -188,8 +189,10 @@ class BatchDrafting:
             elif entry.tree:  # a proposal may hold up to tree_floor nodes whatever its budget
                 limit = max(0, min(room - 1, cap))
                 limits.append(limit if limit >= entry.proposer.tree_floor else min(limit, 1))
-            else:
-                limits.append(max(0, min(max_k, seq.remaining - 1, room - 1, cap)))
+            else:  # a chain with the lookup chain grafted may hold up to tree_floor nodes too
+                fits = max(0, min(seq.remaining - 1, room - 1, cap))
+                limit = min(max_k, fits)
+                limits.append(limit if fits >= getattr(entry.proposer, "tree_floor", 0) else min(limit, 1))
         return limits
 
     def choose_k(self, entries: list[BatchEntry], ready: list[int], limits: list[int]) -> int:

@@ -67,8 +67,9 @@ class DecoderConfig:
     # a GGUF draft's output head cut to its N most frequent tokens in code (0: all): a cheaper
     # draft pass, lossless as any draft
     draft_vocab: int = 0
-    # eagle's greedy trees also hold the prompt-lookup chain (what followed the context's last
-    # n-gram earlier), kept before the head's own nodes: lossless, as any candidate
+    # greedy drafts of eagle and of a draft model also hold the prompt-lookup chain (what followed
+    # the context's last n-gram earlier), kept before the drafter's own tokens (a tree where they
+    # differ; the native runtime's targets): lossless, as any candidate
     tree_lookup: bool = True
 
     def check(self) -> None:

@@ -32,6 +32,7 @@ from specdec.sampling import SamplingParams, final_probs, sample
 from specdec.sampling.penalties import TokenHistory
 from specdec.sampling.seeded import PositionNoise, race
 from specdec.spec.proposers.base import Proposal
+from specdec.spec.proposers.prompt_lookup import LOOKUP_TOKENS, PromptLookupProposer, with_lookup_chain
 from specdec.spec.proposers.vocab_map import (
     VocabMap,
     build_vocab_map,
@@ -65,8 +66,13 @@ class CrossVocabProposer:
     tree_sizes: list[int] = []
 
     def __init__(self, runner: Runner, draft_tokenizer: Tokenizer, target_tokenizer: Tokenizer, vmap: VocabMap,
-                 draft_pieces: list[bytes | None], target_pieces: list[bytes | None], mode: str = "auto"):
+                 draft_pieces: list[bytes | None], target_pieces: list[bytes | None], mode: str = "auto",
+                 lookup: bool = False):
         self.runner = runner
+        # greedy drafts also hold the prompt-lookup chain (a tree where they differ): the target
+        # must verify trees; a proposal of budget k then holds up to max(k, tree_floor) nodes
+        self.lookup = PromptLookupProposer() if lookup else None
+        self.tree_floor = LOOKUP_TOKENS + 1 if lookup else 0
         self.draft_tok = draft_tokenizer
         self.target_tok = target_tokenizer
         self.vmap = vmap
@@ -85,7 +91,7 @@ class CrossVocabProposer:
         """A proposer for another sequence: the same draft model and vocabulary map, its own
         cache and tokenization state (the runner must fork: the native runtime's does)."""
         return CrossVocabProposer(self.runner.fork(), self.draft_tok, self.target_tok, self.vmap, self.draft_pieces,
-                                  self.target_pieces, self.mode)
+                                  self.target_pieces, self.mode, self.lookup is not None)
 
     def kind(self, params: SamplingParams) -> str:
         """String-level at T=0 (unless mode is 'tli'); TLI whenever sampling."""
@@ -209,8 +215,11 @@ class CrossVocabProposer:
             sync_seconds = time.perf_counter() - t0
         self.verified = len(self.cached)
         if self.kind(params) == "string":
-            return self._propose_string(feed, feed_ends, k, sync_seconds)
-        return self._propose_tli(feed, feed_ends, k, len(context), params, generator, noise, sync_seconds)
+            proposal = self._propose_string(feed, feed_ends, k, sync_seconds)
+        else:
+            proposal = self._propose_tli(feed, feed_ends, k, len(context), params, generator, noise, sync_seconds)
+        return proposal if self.lookup is None else with_lookup_chain(proposal, self.lookup, context, k, params,
+                                                                        history)
 
     def _propose_tli(self, feed: list[int], feed_ends: list[int], k: int, position: int, params: SamplingParams,
                      generator: torch.Generator | None, noise: PositionNoise | None,
@@ -262,7 +271,7 @@ class CrossVocabProposer:
 
 
 def cross_vocab_proposer(runner: Runner, draft_tokenizer: Tokenizer, target_tokenizer: Tokenizer,
-                         target_vocab_size: int, mode: str = "auto") -> CrossVocabProposer:
+                         target_vocab_size: int, mode: str = "auto", lookup: bool = False) -> CrossVocabProposer:
     """The drafter for a draft model whose tokenizer is not the target's; refuses a pair that
     cannot work (tokenizers that do not give back their text, too few shared tokens)."""
     if mode not in CROSS_VOCAB_MODES:
@@ -275,4 +284,5 @@ def cross_vocab_proposer(runner: Runner, draft_tokenizer: Tokenizer, target_toke
     vmap = build_vocab_map(proposable, target_pieces, special_ids(draft_tokenizer), special_ids(target_tokenizer),
                            target_vocab_size)
     check_overlap(vmap)
-    return CrossVocabProposer(runner, draft_tokenizer, target_tokenizer, vmap, draft_pieces, target_pieces, mode)
+    return CrossVocabProposer(runner, draft_tokenizer, target_tokenizer, vmap, draft_pieces, target_pieces, mode,
+                              lookup)

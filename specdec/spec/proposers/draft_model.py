@@ -11,6 +11,7 @@ from specdec.sampling import SamplingParams, final_probs, sample
 from specdec.sampling.penalties import TokenHistory, adjust_logits
 from specdec.sampling.seeded import PositionNoise, race
 from specdec.spec.proposers.base import Proposal
+from specdec.spec.proposers.prompt_lookup import LOOKUP_TOKENS, PromptLookupProposer, with_lookup_chain
 
 
 class DraftModelProposer:
@@ -18,9 +19,13 @@ class DraftModelProposer:
     shape = "chain"
     needs_hidden = False
 
-    def __init__(self, runner: Runner, reuse_prefix: bool = True):
+    def __init__(self, runner: Runner, reuse_prefix: bool = True, lookup: bool = False):
         self.runner = runner
         self.reuse_prefix = reuse_prefix  # off where every run must pay for its prompt (bench)
+        # greedy drafts also hold the prompt-lookup chain (a tree where they differ): the target
+        # must verify trees; a proposal of budget k then holds up to max(k, tree_floor) nodes
+        self.lookup = PromptLookupProposer() if lookup else None
+        self.tree_floor = LOOKUP_TOKENS + 1 if lookup else 0
         self.cached: list[int] = []  # the tokens whose keys/values are in the draft cache
         self.verified = 0  # leading cached tokens known to equal the context (which only grows)
 
@@ -83,7 +88,9 @@ class DraftModelProposer:
                 rows.append(probs)
             tokens.append(token)
             feed = [token]
-        return Proposal(tokens, torch.stack(rows) if rows else None, sync_seconds=sync_seconds)
+        proposal = Proposal(tokens, torch.stack(rows) if rows else None, sync_seconds=sync_seconds)
+        return proposal if self.lookup is None else with_lookup_chain(proposal, self.lookup, context, k, params,
+                                                                        history)
 
     def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
         pass

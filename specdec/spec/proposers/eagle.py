@@ -20,14 +20,8 @@ from specdec.sampling.seeded import PositionNoise
 from specdec.spec.proposers.base import Proposal
 from specdec.spec.proposers.draft_vocab import expand_logits
 from specdec.spec.proposers.eagle_head import EagleHead
-from specdec.spec.proposers.prompt_lookup import PromptLookupProposer
+from specdec.spec.proposers.prompt_lookup import LOOKUP_TOKENS, PromptLookupProposer
 from specdec.spec.proposers.trees import graft_chain, node_budgets
-
-# A greedy tree holds the lookup chain's first k - 1 tokens within its budget of k nodes, and
-# up to this many in a smaller tree, which then holds at most LOOKUP_TOKENS + 1 nodes (measured
-# on SmolLM2's held-out code, bf16, chains of at most k - 1 against at most max(k - 1, 4)
-# tokens: 1.22x against 1.51-1.55x plain decoding)
-LOOKUP_TOKENS = 4
 
 
 @dataclass

@@ -35,6 +35,23 @@ def graft_chain(tokens: list[int], parents: list[int], chain: list[int]) -> tupl
     return tokens, parents, path
 
 
+def chain_with_lookup(drafted: list[int], lookup: list[int], k: int) -> tuple[list[int], list[int] | None]:
+    """A chain drafter's greedy proposal of budget k with the prompt-lookup chain grafted from
+    the root and kept first, beside the drafted chain's first tokens: at most max(k, len(lookup)
+    + 1) nodes. Returns the tokens and their parents (None where the two agree: a chain)."""
+    tokens, parents, path = graft_chain(drafted, list(range(-1, len(drafted) - 1)), lookup)
+    total, keep = max(k, len(path) + 1) if path else k, set(path)
+    for node in range(len(drafted)):  # the drafted chain's prefix: ancestor-closed
+        if len(keep) >= total:
+            break
+        keep.add(node)
+    kept = sorted(keep)  # a parent comes before its children (graft_chain appends)
+    index = {node: i for i, node in enumerate(kept)}
+    kept_parents = [index[parents[node]] if parents[node] >= 0 else -1 for node in kept]
+    chain = kept_parents == list(range(-1, len(kept) - 1))
+    return [tokens[node] for node in kept], None if chain else kept_parents
+
+
 def build_tree(rank_accuracy: list[list[float]], num_nodes: int) -> list[tuple[int, ...]]:
     """Greedy expected-acceptance construction (Medusa paper): repeatedly add the choice with
     the highest probability of being accepted, Π_d rank_accuracy[d][rank_d], among those whose
