@@ -461,3 +461,18 @@ def test_a_batched_cross_vocab_draft_reads_its_prompt_at_its_first_draft(near_bp
     while seq.stats.drafted_tokens == 0 and seq.finish_reason is None:
         batch.step()
     assert seq.stats.drafted_tokens > 0
+
+
+def test_greedy_drafts_hold_the_lookup_chain_by_default_with_another_tokenizer_only(near_bpe_pair):
+    """tree_lookup=None (the default) grafts the prompt-lookup chain onto a cross-vocabulary
+    draft's greedy drafts (measured faster on SmolLM2) but not onto a same-tokenizer draft's
+    (measured slower with Qwen2.5-Coder's 0.5B); True / False decide for both."""
+    import specdec.models.bundled as bundled
+
+    target, draft = near_bpe_pair
+    lookup = {(name, setting): specdec.load(target=t, draft=d, method="draft", dtype="float64", calibrate=False,
+                                            tree_lookup=setting).engine.proposer.lookup is not None
+              for name, t, d in [("cross", target, draft), ("same", bundled.DEFAULT_TARGET, bundled.DEFAULT_DRAFT)]
+              for setting in (None, True, False)}
+    assert lookup == {("cross", None): True, ("cross", True): True, ("cross", False): False,
+                      ("same", None): False, ("same", True): True, ("same", False): False}

@@ -38,10 +38,11 @@ def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHOD
                    help=f"fixed number of drafted tokens (tree nodes for medusa/eagle) per step (default: {default})")
     p.add_argument("--max-draft-tokens", type=int, default=8, help="upper bound for adaptive K")
     p.add_argument("--tree-nodes", type=int, default=None, help="largest draft tree (medusa, eagle)")
-    p.add_argument("--tree-lookup", action=argparse.BooleanOptionalAction, default=True,
-                   help="greedy drafts of eagle and of a draft model also hold the prompt-lookup chain (what "
-                        "followed the context's last n-gram earlier: code copies its prompt), kept before the "
-                        "drafter's own tokens, a tree where they differ (default on; lossless)")
+    p.add_argument("--tree-lookup", action=argparse.BooleanOptionalAction, default=None,
+                   help="greedy drafts also hold the prompt-lookup chain (what followed the context's last "
+                        "n-gram earlier: code copies its prompt), kept before the drafter's own tokens, a tree "
+                        "where they differ; lossless (default: on for eagle and a draft with another tokenizer, "
+                        "off for a same-tokenizer draft, as measured)")
     p.add_argument("--typical-acceptance", action="store_true",
                    help="LOSSY: Medusa's typical acceptance for tree methods at T > 0; the output no longer "
                         "follows the target's distribution (off by default)")
@@ -182,7 +183,7 @@ def decoder_config(args: argparse.Namespace, **overrides) -> DecoderConfig:
                   quantize=args.quantize, group_size=args.group_size, cross_vocab=getattr(args, "cross_vocab", "auto"),
                   pack=getattr(args, "pack", True), compile=getattr(args, "compile", False),
                   memory=getattr(args, "memory", True), draft_4bit=getattr(args, "draft_4bit", None),
-                  draft_vocab=getattr(args, "draft_vocab", 0), tree_lookup=getattr(args, "tree_lookup", True))
+                  draft_vocab=getattr(args, "draft_vocab", 0), tree_lookup=getattr(args, "tree_lookup", None))
     return DecoderConfig(**{**fields, **overrides})
 
 

@@ -190,13 +190,12 @@ def load_config(config: DecoderConfig) -> SpecDecoder:
         if draft_path is None:
             raise SpecdecError("method 'draft' needs a draft model (--draft DIR): none is shipped for "
                                "this target")
-        # greedy drafts also hold the prompt-lookup chain: a tree where the two differ
-        lookup = c.tree_lookup and target_runner.supports_tree
         draft_runner = load_runner(draft_path, c.dtype, c.backend, target_runner.max_len, quantize, c.group_size,
                                    c.pack, c.compile)
         draft_tokenizer = TextTokenizer(draft_path)
         release_readers()
         if not same_tokenizer(draft_tokenizer.tok, tokenizer.tok):  # another vocabulary: proposers/cross_vocab.py
+            lookup = c.tree_lookup is not False and target_runner.supports_tree
             proposer = cross_vocab_proposer(draft_runner, draft_tokenizer.tok, tokenizer.tok,
                                             target_runner.vocab_size, c.cross_vocab, lookup)
         elif draft_runner.vocab_size != target_runner.vocab_size:
@@ -205,6 +204,7 @@ def load_config(config: DecoderConfig) -> SpecDecoder:
         else:
             draft_to_4bit(draft_runner, c.draft_4bit)
             cut_draft_head(draft_runner, draft_tokenizer.tok, c.draft_vocab)
+            lookup = bool(c.tree_lookup) and target_runner.supports_tree
             proposer = DraftModelProposer(draft_runner, c.reuse_prefix, lookup)
     elif c.method == "ngram":
         proposer = PromptLookupProposer()
@@ -215,7 +215,7 @@ def load_config(config: DecoderConfig) -> SpecDecoder:
         if draft_path is None:
             raise SpecdecError(f"method {c.method!r} needs a {c.method} head folder (--draft DIR): none is "
                                "shipped for this target")
-        proposer = head_proposer(c.method, draft_path, target_runner, c.tree_nodes, c.pack, c.tree_lookup)
+        proposer = head_proposer(c.method, draft_path, target_runner, c.tree_nodes, c.pack, c.tree_lookup is not False)
     elif c.draft is not None:
         raise SpecdecError(f"a draft model was given but method is {c.method!r}; use method 'draft'")
     exact = c.exact if c.exact is not None else default_exact(c.dtype, c.compile)
@@ -224,7 +224,7 @@ def load_config(config: DecoderConfig) -> SpecDecoder:
     setup = (f"{model_identity(target_path)}|{c.method}|{model_identity(draft_path)}|{c.dtype}|{c.backend}|"
              f"exact={exact}|{quantize}/{c.group_size}|pack={c.pack}|compile={c.compile}|{c.cross_vocab}|"
              f"nodes={c.tree_nodes}|max_k={c.max_draft_tokens}|draft_vocab={c.draft_vocab}"
-             + (f"|lookup={c.tree_lookup}" if c.method in ("eagle", "draft") else ""))
+             + (f"|lookup={getattr(proposer, 'lookup', None) is not None}" if c.method in ("eagle", "draft") else ""))
     engine = Engine(target_runner, tokenizer, proposer, c.method, target_eos,
                     max_draft_tokens=c.draft_tokens or c.max_draft_tokens, fixed_draft_tokens=c.draft_tokens,
                     typical_acceptance=c.typical_acceptance, exact=exact,
