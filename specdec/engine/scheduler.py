@@ -290,5 +290,5 @@ class Scheduler:
                                     target_seconds, other_since=t1, observe=entry.method != "none")
             events.append(StepEvent(seq, step))
         self.drafting.gate.observe_step(sum(len(e.step.new_tokens) for e in events if e.step is not None),
-                                   time.perf_counter() - began, len(ready))
+                                        time.perf_counter() - began, len(ready))
         return events

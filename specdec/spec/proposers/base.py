@@ -39,7 +39,9 @@ class Proposer(Protocol):
     shape: str  # "chain" (budget = drafted tokens) or "tree" (budget = tree nodes)
     needs_hidden: bool  # wants the target's final hidden states (Medusa, EAGLE)
     tree_sizes: list[int]  # tree drafters only: the node budgets the controller chooses among
-    tree_floor: int  # tree drafters only: a proposal of budget k holds at most max(k, tree_floor) nodes
+    # a proposal of budget k holds at most max(k, tree_floor) nodes (a tree drafter's, or a chain
+    # drafter's with the prompt-lookup chain grafted: a tree where the two differ)
+    tree_floor: int
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Start a new sequence."""

@@ -12,7 +12,7 @@ from specdec.spec.proposers.trees import chain_with_lookup
 
 MAX_INDEXES = 64  # sequences whose n-gram index is kept
 # A greedy draft of budget k (eagle's tree, a draft model's chain) also holds the lookup chain's
-# first max(k - 1, LOOKUP_TOKENS) tokens, so it holds at most LOOKUP_TOKENS + 1 nodes beyond k
+# first max(k - 1, LOOKUP_TOKENS) tokens, so it holds at most max(k, LOOKUP_TOKENS + 1) nodes
 # (measured on SmolLM2's held-out code, bf16, eagle with chains of at most k - 1 against at most
 # max(k - 1, 4) tokens: 1.22x against 1.51-1.55x plain decoding)
 LOOKUP_TOKENS = 4
