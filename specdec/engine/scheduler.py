@@ -237,9 +237,9 @@ class Scheduler:
             if entry.method == "draft" and self.draft is not None:
                 self.draft.prefill(slot, ids)
             if entry.needs_hidden:
-                # a lone head reads the prompt's features now (its first step pays no catch-up);
-                # in a batch they wait for its first draft, which the batch's gate may never allow
-                entry.proposer.observe_target(self.runner.last_hidden[0], prefill=self.max_batch == 1)
+                # the head reads the prompt's features at its first draft, which its controller
+                # (at T=1 after a few steps) or the batch's gate may never allow
+                entry.proposer.observe_target(self.runner.last_hidden[0])
             if seq.params.prompt_logprobs is not None:
                 follow = seq.prompt_ids[entry.prefilled + 1:entry.prefilled + 1 + len(ids)]
                 seq.prompt_logprobs += token_logprobs(logits, follow, seq.params.prompt_logprobs)
