@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.kernels import build, choose, invariant
+from specdec.kernels import bf16_kernel, build, choose, invariant
 
 needs_kernels = pytest.mark.skipif(build.load() is None, reason=f"kernels unavailable: {build.unavailable()}")
 
@@ -29,6 +29,73 @@ def test_products_are_float32_accurate_and_row_invariant(dtype):
     for m in range(1, 22):
         for start in (0, 21 - m):
             assert torch.equal(invariant.linear(x[start:start + m], weight, scale), y[start:start + m]), (m, start)
+
+
+def _bf16_kernels() -> list[str]:
+    """The bfloat16 kernels this machine can run (AMX where the CPU has it and Linux grants it)."""
+    lib = build.load()
+    if lib is None:
+        return []
+    in_use = build.bf16_kernel_in_use()
+    usable = [k for k in bf16_kernel.KERNELS if bf16_kernel._set(lib, k) == k]
+    bf16_kernel._set(lib, in_use)
+    return usable
+
+
+@pytest.fixture(params=bf16_kernel.KERNELS)
+def bf16_products(request):
+    """Each bfloat16 kernel in turn (skipped where this machine lacks it), restored after."""
+    if request.param not in _bf16_kernels():
+        pytest.skip(f"this machine cannot run the {request.param} kernel")
+    lib, in_use = build.load(), build.bf16_kernel_in_use()
+    bf16_kernel._set(lib, request.param)
+    yield request.param
+    bf16_kernel._set(lib, in_use)
+
+
+@needs_kernels
+def test_bfloat16_inputs_are_float32_accurate_and_row_invariant_on_each_kernel(bf16_products):
+    g = torch.Generator().manual_seed(3)
+    N, K, M = 200, 576, 40  # K a multiple of 32 and 12 blocks of 16 columns and 8 more: AMX's shape
+    weight = (torch.randn(N, K, generator=g) * 0.05).to(torch.bfloat16)
+    bias = torch.randn(N, generator=g)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    y = invariant.linear(x, weight, bias=bias, out_dtype=torch.float32)
+    reference = F.linear(x.double(), weight.double(), bias.double())
+    assert torch.allclose(y.double(), reference, rtol=1e-5, atol=1e-5 * float(reference.abs().max()))
+    narrow = invariant.linear(x, weight, bias=bias)
+    assert torch.equal(narrow, y.to(torch.bfloat16))  # one rounding of the same sums
+    for m in (1, 2, 3, 5, 8, 15, 16, 17, 31, 33):  # chunks of 16 rows and what is left
+        for start in (0, M - m, 4):
+            if start + m <= M:
+                part = invariant.linear(x[start:start + m], weight, bias=bias, out_dtype=torch.float32)
+                assert torch.equal(part, y[start:start + m]), (bf16_products, m, start)
+
+
+def test_the_bfloat16_kernel_is_chosen_once_by_timing_and_remembered(tmp_path, monkeypatch):
+    calls = []
+
+    class Lib:  # stands for the built library: what set_bf16_kernel keeps
+        kernel = 0
+
+        def set_bf16_kernel(self, kernel):
+            self.kernel = kernel
+            return kernel
+
+    def measure(lib):
+        calls.append(1)
+        return {"avx2": 2.0, "amx": 1.0}
+
+    monkeypatch.setattr(bf16_kernel, "measure", measure)
+    monkeypatch.delenv("SPECDEC_BF16_KERNEL", raising=False)
+    library, amx = tmp_path / "rows-abc.so", {"avx2", "fma", "amx_bf16", "amx_tile"}
+    lib = Lib()
+    assert bf16_kernel.choose(lib, library, amx, "key") == "amx" and lib.kernel == 1 and calls == [1]
+    assert bf16_kernel.choose(Lib(), library, amx, "key") == "amx" and calls == [1]  # remembered, not timed
+    assert bf16_kernel.choose(Lib(), library, amx, "another CPU") == "amx" and calls == [1, 1]
+    assert bf16_kernel.choose(lib, library, {"avx2", "fma"}, "key") == "avx2" and lib.kernel == 0  # no AMX here
+    monkeypatch.setenv("SPECDEC_BF16_KERNEL", "avx2")
+    assert bf16_kernel.choose(lib, library, amx, "key") == "avx2" and lib.kernel == 0 and calls == [1, 1]
 
 
 @needs_kernels

@@ -33,10 +33,10 @@ def test_draft_cache_follows_accepts_rejections_and_plain_steps(tmp_path):
             context += [rng.randrange(1, 24) for _ in range(rng.randrange(1, 4))]
 
 
-def test_eagle_prefill_feeds_the_prompt_before_the_first_step(tmp_path):
-    """Prompt features handed over at prefill go into the head's cache at once (so the first
-    step's drafting time holds no prompt feeding), and the first tree is the one a late
-    catch-up gives."""
+def test_eagle_reads_the_prompt_features_at_its_first_draft(tmp_path):
+    """Prompt features handed over are kept, not fed, until the head first drafts (so a request
+    whose controller keeps to plain steps never pays for them); a later head of another sequence
+    fed the same features drafts the same tree."""
     from specdec.spec.proposers.eagle import EagleProposer, TreeShape
     from specdec.spec.proposers.eagle_head import load_eagle
 
@@ -50,12 +50,13 @@ def test_eagle_prefill_feeds_the_prompt_before_the_first_step(tmp_path):
     runner.extend(prompt[:-1], want_hidden=True)
     greedy = SamplingParams(temperature=0.0)
     trees = []
-    for prefill in (True, False):
+    for _ in range(2):
         proposer = EagleProposer(head, target.model.embed_tokens, target.lm_head, runner.max_len, TreeShape())
         proposer.reset(prompt)
-        proposer.observe_target(runner.last_hidden, prefill=prefill)
-        assert proposer.committed == (len(prompt) - 1 if prefill else 0)
+        proposer.observe_target(runner.last_hidden)
+        assert proposer.committed == 0
         proposal = proposer.propose(prompt, 8, greedy, None)
+        assert proposer.committed == len(prompt) - 1
         trees.append((proposal.tokens, proposal.parents))
     assert trees[0] == trees[1] and len(trees[0][0]) == 8
 
@@ -127,7 +128,7 @@ def test_eagle_greedy_trees_hold_the_prompt_lookup_chain(tmp_path):
         proposer = EagleProposer(head, target.model.embed_tokens, target.lm_head, runner.max_len, TreeShape(),
                                  lookup=lookup)
         proposer.reset(prompt)
-        proposer.observe_target(runner.last_hidden, prefill=True)
+        proposer.observe_target(runner.last_hidden)
         return proposer.propose(prompt, k, params, torch.Generator().manual_seed(0))
 
     def path_from_root(proposal, chain):

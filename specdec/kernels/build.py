@@ -21,10 +21,13 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
+from specdec.kernels import bf16_kernel
+
 SOURCE = Path(__file__).with_name("rows.cpp")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared", "-std=c++17", "-fno-fast-math"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma")
 _why: list[str] = []  # why the kernels are unavailable, set by load()
+_bf16: list[str] = []  # the bfloat16 kernel chosen by load()
 
 
 def cpu_flags() -> set[str]:
@@ -70,6 +73,9 @@ def _build(compiler: str) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
         result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+        if result.returncode != 0:  # a compiler that knows no AMX intrinsics: the rest still builds
+            result = subprocess.run([compiler, *FLAGS, "-DSPECDEC_NO_AMX", str(SOURCE), "-o", str(built)],
+                                    capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:500]}")
         os.replace(built, target)
@@ -89,6 +95,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.linear_grouped.restype = i32
     lib.stack_forward.argtypes = [p, i64, p, p, i32, i64] + [p] * 9
     lib.stack_forward.restype = i32
+    lib.set_bf16_kernel.argtypes = [i32]
+    lib.set_bf16_kernel.restype = i32
 
 
 @cache
@@ -106,14 +114,23 @@ def load() -> ctypes.CDLL | None:
         _why.append("no C++ compiler found (install g++ or set CXX)")
         return None
     try:
-        import torch  # noqa: F401  (loads PyTorch's OpenMP runtime first, which the library then shares)
+        import torch  # loads PyTorch's OpenMP runtime first, which the library then shares
 
-        lib = ctypes.CDLL(str(_build(compiler)))
+        library = _build(compiler)
+        lib = ctypes.CDLL(str(library))
         _declare(lib)
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
         _why.append(f"could not build the kernels: {error}")
         return None
+    key = hashlib.sha256(f"{cpu_model()}/threads={torch.get_num_threads()}".encode()).hexdigest()[:12]
+    _bf16.append(bf16_kernel.choose(lib, library, cpu_flags(), key))
     return lib
+
+
+def bf16_kernel_in_use() -> str | None:
+    """The instruction sequence of bfloat16 products here ("avx2" or "amx", see bf16_kernel.py),
+    or None where the kernels are unavailable."""
+    return _bf16[-1] if load() is not None else None
 
 
 def unavailable() -> str | None:

@@ -1,7 +1,8 @@
 // Batch-invariant kernels: every output row is computed by the same instruction sequence
 // whatever the number of rows in the call and whatever the other rows hold, so a row scored
 // in a K-token verify pass gets exactly the bits of a 1-token pass (exact mode by construction,
-// no probing of another library's kernels). Compiled on the user's machine (build.py); AVX2 + FMA.
+// no probing of another library's kernels). Compiled on the user's machine (build.py); AVX2 + FMA,
+// and AMX tiles for bfloat16 products where the CPU has them and they measured faster (see amx_linear).
 //
 // Products: y[m, n] = sum_k x[m, k] * w[n, k], x in float32 or bfloat16 (converted to float32,
 // exactly), w in bfloat16 / float32 / int8 (one scale per output row). Each (m, n) keeps one
@@ -17,6 +18,8 @@
 // keys and values they all see.
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -118,10 +121,141 @@ inline void rows_block(const float* x, int64_t ldx, const typename W::T* w, int6
 // its weights (read from memory once, from cache for the later rows).
 constexpr int64_t NB = 32;
 
+// AMX tiles for bfloat16 products with bfloat16 inputs (CPUs with amx-bf16, where the process
+// chose them by timing: set_bf16_kernel). Another instruction sequence than tile()'s, so another
+// rounding of the same sums; still batch-invariant, since the choice is made once per process and
+// each output's sum is the same sequence whatever the rest of the call holds: y[m, n] accumulates
+// TDPBF16PS steps over k = 32i .. 32i + 31 in increasing i, x's row m in a column of the B tile
+// (as wide as the chunk of rows: each column's sums are its own, whatever the width; the tests
+// check), w's row n in a row of the A tile, read where it lies ([N, K] row-major: no repacking). Whole 16-column blocks only; the remaining N % 16
+// columns, and K not a multiple of 32, go through tile() as before.
+int bf16_kernel = 0;  // 0: tile() (AVX2 + FMA); 1: AMX, where K % 32 == 0 and x is bfloat16
+
+#if defined(__GNUC__) && !defined(SPECDEC_NO_AMX)
+#define SPECDEC_AMX 1
+#define AMX_TARGET __attribute__((target("avx512f,avx512bw,amx-tile,amx-bf16")))
+
+struct alignas(64) TileConfig {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+// tiles 0..3: sums [16 outputs n][r rows m] float32; 4, 5: weights [16 n][32 k]; 6: x [16 k pairs][r m x 2],
+// for a chunk of r <= 16 rows of x (the tiles only r columns wide: a lone row is read where it lies)
+AMX_TARGET inline void amx_configure(int r) {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 7; ++t) {
+        c.rows[t] = 16;
+        c.colsb[t] = t == 4 || t == 5 ? 64 : 4 * r;
+    }
+    _tile_loadconfig(&c);
+}
+
+// TB column blocks of 16 outputs from n0, over one chunk of x as B tiles (xp, row stride ldx bytes)
+template <int TB>
+AMX_TARGET inline void amx_blocks(const uint16_t* w, int64_t K, const uint16_t* xp, int64_t ldx, int64_t n0,
+                                  float* sums) {
+    const int64_t ldw = K * 2;
+    // The next blocks' weights follow these (TB * 16 rows of w): their cache lines are asked for
+    // while these run, TB * 16 lines a step, as tile() does
+    const char* next = reinterpret_cast<const char*>(w + (n0 + 16 * TB) * K);
+    _tile_zero(0);
+    if (TB > 1) _tile_zero(1);
+    if (TB > 2) _tile_zero(2);
+    if (TB > 3) _tile_zero(3);
+    for (int64_t k = 0; k < K; k += 32) {
+        for (int64_t b = 0; b < TB * 16 * 64; b += 64) _mm_prefetch(next + k / 32 * TB * 16 * 64 + b, _MM_HINT_T0);
+        _tile_loadd(6, reinterpret_cast<const char*>(xp) + k / 2 * ldx, ldx);
+        _tile_loadd(4, w + n0 * K + k, ldw);
+        _tile_dpbf16ps(0, 4, 6);
+        if (TB > 1) { _tile_loadd(5, w + (n0 + 16) * K + k, ldw); _tile_dpbf16ps(1, 5, 6); }
+        if (TB > 2) { _tile_loadd(4, w + (n0 + 32) * K + k, ldw); _tile_dpbf16ps(2, 4, 6); }
+        if (TB > 3) { _tile_loadd(5, w + (n0 + 48) * K + k, ldw); _tile_dpbf16ps(3, 5, 6); }
+    }
+    _tile_stored(0, sums, 64);
+    if (TB > 1) _tile_stored(1, sums + 256, 64);
+    if (TB > 2) _tile_stored(2, sums + 512, 64);
+    if (TB > 3) _tile_stored(3, sums + 768, 64);
+}
+
+// Columns [0, N16) of y = x @ w.T, x bfloat16 [M, K] with K % 32 == 0, N16 % 16 == 0
+template <class Y>
+AMX_TARGET void amx_linear(const uint16_t* x, const uint16_t* w, const Epilogue& e, Y* y, int64_t M, int64_t N16,
+                           int64_t K, int64_t ldy) {
+    const int64_t chunks = (M + 15) / 16, P = K / 2;
+    // x's rows as B tiles, chunk c of r rows: k pair p, row j -> x[16c + j][2p], x[16c + j][2p + 1]
+    // (row stride 4r bytes); one row is already so laid out
+    std::vector<uint32_t> packed(M > 1 ? M * P : 0);
+    const uint32_t* xr = reinterpret_cast<const uint32_t*>(x);
+    for (int64_t c = 0; c < chunks && M > 1; ++c) {
+        const int64_t r = std::min<int64_t>(16, M - c * 16);
+        for (int64_t j = 0; j < r; ++j)
+            for (int64_t p = 0; p < P; ++p) packed[c * 16 * P + p * r + j] = xr[(c * 16 + j) * P + p];
+    }
+    // column blocks sharing one load of x: 2 with the prefetch above measured as fast as 4 without
+    // (Intel Xeon with AMX, 2 threads: 1 row 5.0-5.4 ms, 8 rows 5.8 ms over SmolLM2's projections)
+    constexpr int TB = 2;
+    const int64_t groups = N16 / (16 * TB), blocks = N16 / 16;
+    #pragma omp parallel
+    {
+        alignas(64) float sums[4 * 256];
+        int configured = 0;
+        #pragma omp for schedule(static)
+        for (int64_t g = 0; g < groups + (blocks - groups * TB); ++g) {
+            const int64_t n0 = g < groups ? g * 16 * TB : (groups * TB + (g - groups)) * 16;
+            const int nb = g < groups ? TB : 1;
+            for (int64_t c = 0; c < chunks; ++c) {
+                const int r = int(std::min<int64_t>(16, M - c * 16));
+                if (r != configured) amx_configure(configured = r);
+                const uint16_t* xp = M > 1 ? reinterpret_cast<const uint16_t*>(packed.data() + c * 16 * P) : x;
+                if (nb == TB) amx_blocks<TB>(w, K, xp, 4 * r, n0, sums);
+                else amx_blocks<1>(w, K, xp, 4 * r, n0, sums);
+                for (int b = 0; b < nb; ++b)
+                    for (int64_t j = 0; j < r; ++j)
+                        for (int i = 0; i < 16; ++i) {
+                            const int64_t n = n0 + b * 16 + i;
+                            store(y + (c * 16 + j) * ldy + n, e.apply(sums[b * 256 + i * 16 + j], n));
+                        }
+            }
+        }
+        if (configured) _tile_release();
+    }
+}
+
+int amx_request() {  // Linux asks a process to request the tile registers' state before using it
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+}
+#else
+int amx_request() { return 0; }
+#endif
+
+template <class W, class Y>
+void linear_columns(const void* x_in, bool x_bf16, const typename W::T* w, Epilogue e, Y* y, int64_t M, int64_t N,
+                    int64_t K, int64_t ldy, int64_t n_first);
+
 // x [M, K] float32 or bfloat16 (converted once to float32: exact), y [M, N] float32 or bfloat16
 template <class W, class Y>
 void linear(const void* x_in, bool x_bf16, const typename W::T* w, Epilogue e, Y* y, int64_t M, int64_t N,
             int64_t K, int64_t ldy) {
+#ifdef SPECDEC_AMX
+    if (std::is_same<W, Bf16>::value && bf16_kernel == 1 && x_bf16 && K % 32 == 0 && N >= 16) {
+        const int64_t N16 = N & ~int64_t(15);
+        amx_linear(static_cast<const uint16_t*>(x_in), reinterpret_cast<const uint16_t*>(w), e, y, M, N16, K, ldy);
+        if (N16 == N) return;
+        linear_columns<W>(x_in, x_bf16, w, e, y, M, N, K, ldy, N16);
+        return;
+    }
+#endif
+    linear_columns<W>(x_in, x_bf16, w, e, y, M, N, K, ldy, 0);
+}
+
+// columns [n_first, N) of y by tile()
+template <class W, class Y>
+void linear_columns(const void* x_in, bool x_bf16, const typename W::T* w, Epilogue e, Y* y, int64_t M, int64_t N,
+                    int64_t K, int64_t ldy, int64_t n_first) {
     std::vector<float> converted;
     const float* x = static_cast<const float*>(x_in);
     if (x_bf16) {
@@ -130,10 +264,10 @@ void linear(const void* x_in, bool x_bf16, const typename W::T* w, Epilogue e, Y
         for (int64_t i = 0; i < M * K; ++i) converted[i] = Bf16::one(xb + i);
         x = converted.data();
     }
-    const int64_t blocks = (N + NB - 1) / NB;
+    const int64_t blocks = (N - n_first + NB - 1) / NB;
     #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t n0 = b * NB, n1 = std::min(N, n0 + NB);
+        const int64_t n0 = n_first + b * NB, n1 = std::min(N, n0 + NB);
         int64_t m = 0;
         for (; m + 4 <= M; m += 4) rows_block<W, 4>(x + m * K, K, w, K, y + m * ldy, ldy, n0, n1, e);
         switch (M - m) {
@@ -967,7 +1101,16 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
 
 extern "C" {
 
-int specdec_kernels_version() { return 9; }
+int specdec_kernels_version() { return 10; }
+
+// Which kernel bfloat16 weights with bfloat16 inputs go through: 0 tile() (AVX2 + FMA), 1 AMX
+// (asks Linux for the tile state first). Set once, before any product, and kept: a row's bits
+// depend on it. Returns the kernel now in use.
+int set_bf16_kernel(int kernel) {
+    if (kernel == 1 && !amx_request()) return bf16_kernel;
+    bf16_kernel = kernel == 1 ? 1 : 0;
+    return bf16_kernel;
+}
 
 // y = x @ w.T (times scale, plus bias: both optional, float32 [N]); x and y float32 or bfloat16
 void linear_bf16(const void* x, int x_bf16, const uint16_t* w, const float* bias, void* y, int y_bf16,

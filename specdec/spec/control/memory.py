@@ -65,7 +65,10 @@ def _kernels_digest() -> str:
 
 def machine_key() -> str:
     """Timings hold for one machine, thread count and build of the kernels only."""
-    return f"{platform.node()}/{_cpu_name()}/threads={torch.get_num_threads()}/kernels={_kernels_digest()}"
+    from specdec.kernels.build import bf16_kernel_in_use
+
+    return (f"{platform.node()}/{_cpu_name()}/threads={torch.get_num_threads()}/kernels={_kernels_digest()}"
+            f"/bf16={bf16_kernel_in_use()}")
 
 
 class ControllerMemory:

@@ -64,9 +64,9 @@ class Proposer(Protocol):
         position t (len(context) + depth) as the race winner with noise.exponentials(t), which
         makes it agree with the target's own seeded choice as often as possible."""
 
-    def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
+    def observe_target(self, hidden: torch.Tensor) -> None:
         """Hidden states [n, d] of the tokens just added to the target's cache, in order
-        (only called when needs_hidden); prefill=True for the prompt's tokens."""
+        (only called when needs_hidden)."""
 
 
 def read_head_config(folder: str | Path, model_type: str) -> dict:

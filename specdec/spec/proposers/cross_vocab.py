@@ -266,7 +266,7 @@ class CrossVocabProposer:
                 break
         return Proposal(ids[:min(k, max(len(ids) - 1, 0))], None, sync_seconds=sync_seconds)
 
-    def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
+    def observe_target(self, hidden: torch.Tensor) -> None:
         pass
 
 

@@ -92,5 +92,5 @@ class DraftModelProposer:
         return proposal if self.lookup is None else with_lookup_chain(proposal, self.lookup, context, k, params,
                                                                         history)
 
-    def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
+    def observe_target(self, hidden: torch.Tensor) -> None:
         pass

@@ -63,13 +63,10 @@ class EagleProposer:
         self.cache.rollback(0)
         self.committed = 0
         self.pending = []
-        self.prompt_ids = list(prompt_ids)
         self.root_feature: torch.Tensor | None = None  # predicted feature of the pending token
 
-    def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
-        self.pending.append(hidden)
-        if prefill:  # feed the prompt's features now, so the first step pays no catch-up
-            self._catch_up(self.prompt_ids)
+    def observe_target(self, hidden: torch.Tensor) -> None:
+        self.pending.append(hidden)  # read at the next draft (_catch_up), the prompt's too
 
     @torch.inference_mode()
     def _catch_up(self, context: list[int]) -> float:

@@ -88,7 +88,7 @@ class MedusaProposer:
     def reset(self, prompt_ids: list[int]) -> None:
         self.last_hidden = None
 
-    def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
+    def observe_target(self, hidden: torch.Tensor) -> None:
         self.last_hidden = hidden[-1]
 
     @torch.inference_mode()

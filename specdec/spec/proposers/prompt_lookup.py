@@ -92,7 +92,7 @@ class PromptLookupProposer:
         index.extend(context)
         return index
 
-    def observe_target(self, hidden: torch.Tensor, prefill: bool = False) -> None:
+    def observe_target(self, hidden: torch.Tensor) -> None:
         pass
 
 
