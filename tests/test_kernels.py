@@ -2,12 +2,13 @@
 accurate as float32 arithmetic, and every row's bits independent of the rest of the call."""
 import subprocess
 import sys
+from contextlib import contextmanager
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.kernels import bf16_kernel, build, choose, invariant
+from specdec.kernels import build, choose, invariant, variants
 
 needs_kernels = pytest.mark.skipif(build.load() is None, reason=f"kernels unavailable: {build.unavailable()}")
 
@@ -31,48 +32,80 @@ def test_products_are_float32_accurate_and_row_invariant(dtype):
             assert torch.equal(invariant.linear(x[start:start + m], weight, scale), y[start:start + m]), (m, start)
 
 
-def _bf16_kernels() -> list[str]:
-    """The bfloat16 kernels this machine can run (AMX where the CPU has it and Linux grants it)."""
+def _usable(variant: variants.Variant) -> list[str]:
+    """The kernels of a variant this machine can run (AMX where the CPU has it and Linux grants it)."""
     lib = build.load()
     if lib is None:
         return []
-    in_use = build.bf16_kernel_in_use()
-    usable = [k for k in bf16_kernel.KERNELS if bf16_kernel._set(lib, k) == k]
-    bf16_kernel._set(lib, in_use)
+    in_use = build.kernels_in_use()[variant.name]
+    usable = [k for k in variant.kernels if variant.set(lib, k) == k]
+    variant.set(lib, in_use)
     return usable
 
 
-@pytest.fixture(params=bf16_kernel.KERNELS)
-def bf16_products(request):
-    """Each bfloat16 kernel in turn (skipped where this machine lacks it), restored after."""
-    if request.param not in _bf16_kernels():
-        pytest.skip(f"this machine cannot run the {request.param} kernel")
-    lib, in_use = build.load(), build.bf16_kernel_in_use()
-    bf16_kernel._set(lib, request.param)
-    yield request.param
-    bf16_kernel._set(lib, in_use)
+(BF16,) = variants.VARIANTS
+
+
+@contextmanager
+def kernel(variant: variants.Variant, name: str):
+    """The variant's kernel `name` for the block (skipped where this machine lacks it), then back."""
+    if name not in _usable(variant):
+        pytest.skip(f"this machine cannot run the {name} kernel")
+    lib, in_use = build.load(), build.kernels_in_use()[variant.name]
+    variant.set(lib, name)
+    try:
+        yield
+    finally:
+        variant.set(lib, in_use)
 
 
 @needs_kernels
-def test_bfloat16_inputs_are_float32_accurate_and_row_invariant_on_each_kernel(bf16_products):
+@pytest.mark.parametrize("name", BF16.kernels)
+def test_bfloat16_inputs_are_float32_accurate_and_row_invariant_on_each_kernel(name):
     g = torch.Generator().manual_seed(3)
     N, K, M = 200, 576, 40  # K a multiple of 32 and 12 blocks of 16 columns and 8 more: AMX's shape
     weight = (torch.randn(N, K, generator=g) * 0.05).to(torch.bfloat16)
     bias = torch.randn(N, generator=g)
     x = torch.randn(M, K, generator=g).to(torch.bfloat16)
-    y = invariant.linear(x, weight, bias=bias, out_dtype=torch.float32)
-    reference = F.linear(x.double(), weight.double(), bias.double())
-    assert torch.allclose(y.double(), reference, rtol=1e-5, atol=1e-5 * float(reference.abs().max()))
-    narrow = invariant.linear(x, weight, bias=bias)
-    assert torch.equal(narrow, y.to(torch.bfloat16))  # one rounding of the same sums
-    for m in (1, 2, 3, 5, 8, 15, 16, 17, 31, 33):  # chunks of 16 rows and what is left
-        for start in (0, M - m, 4):
-            if start + m <= M:
-                part = invariant.linear(x[start:start + m], weight, bias=bias, out_dtype=torch.float32)
-                assert torch.equal(part, y[start:start + m]), (bf16_products, m, start)
+    with kernel(BF16, name):
+        y = invariant.linear(x, weight, bias=bias, out_dtype=torch.float32)
+        reference = F.linear(x.double(), weight.double(), bias.double())
+        assert torch.allclose(y.double(), reference, rtol=1e-5, atol=1e-5 * float(reference.abs().max()))
+        narrow = invariant.linear(x, weight, bias=bias)
+        assert torch.equal(narrow, y.to(torch.bfloat16))  # one rounding of the same sums
+        for m in (1, 2, 3, 5, 8, 15, 16, 17, 31, 33):  # chunks of 16 rows and what is left
+            for start in (0, M - m, 4):
+                if start + m <= M:
+                    part = invariant.linear(x[start:start + m], weight, bias=bias, out_dtype=torch.float32)
+                    assert torch.equal(part, y[start:start + m]), (name, m, start)
 
 
-def test_the_bfloat16_kernel_is_chosen_once_by_timing_and_remembered(tmp_path, monkeypatch):
+@needs_kernels
+def test_grouped_weights_with_bfloat16_inputs_are_accurate_and_row_invariant():
+    from specdec.models.gguf_blocks import Grouped
+
+    g = torch.Generator().manual_seed(4)
+    N, K, M = 72, 512, 37
+    q = torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8)  # Q4_K's layout: 4 bits, two levels
+    grouped = Grouped(q, torch.randint(-60, 60, (N, K // 32), generator=g, dtype=torch.int8),
+                      torch.randint(-60, 60, (N, K // 32), generator=g, dtype=torch.int8), 32, 4,
+                      torch.rand(N, K // 256, generator=g) / 1000, torch.rand(N, K // 256, generator=g) / 1000)
+    bias = torch.randn(N, generator=g)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    reference = F.linear(x.double(), grouped.dequantized().double(), bias.double())
+
+    def product(rows):
+        return invariant.linear_grouped(rows, grouped.q, grouped.scale, grouped.offset, 32, bias, bits=4,
+                                        scale_super=grouped.scale_super, offset_super=grouped.offset_super)
+    y = product(x)
+    # x rounded to 8 bits by blocks, as llama.cpp does
+    assert (y.double() - reference).abs().max() < 0.02 * float(reference.abs().max())
+    for m in (1, 2, 5, 7, 16, 17):
+        for start in (0, M - m):
+            assert torch.equal(product(x[start:start + m]), y[start:start + m]), (m, start)
+
+
+def test_a_kernel_is_chosen_once_by_timing_and_remembered(tmp_path, monkeypatch):
     calls = []
 
     class Lib:  # stands for the built library: what set_bf16_kernel keeps
@@ -82,20 +115,20 @@ def test_the_bfloat16_kernel_is_chosen_once_by_timing_and_remembered(tmp_path, m
             self.kernel = kernel
             return kernel
 
-    def measure(lib):
+    def measure(self, lib):
         calls.append(1)
         return {"avx2": 2.0, "amx": 1.0}
 
-    monkeypatch.setattr(bf16_kernel, "measure", measure)
+    monkeypatch.setattr(variants.Variant, "measure", measure)
     monkeypatch.delenv("SPECDEC_BF16_KERNEL", raising=False)
-    library, amx = tmp_path / "rows-abc.so", {"avx2", "fma", "amx_bf16", "amx_tile"}
+    library, amx = tmp_path / "rows-abc.so", {"avx2", "fma", "avx512_bf16", "amx_bf16", "amx_tile"}
     lib = Lib()
-    assert bf16_kernel.choose(lib, library, amx, "key") == "amx" and lib.kernel == 1 and calls == [1]
-    assert bf16_kernel.choose(Lib(), library, amx, "key") == "amx" and calls == [1]  # remembered, not timed
-    assert bf16_kernel.choose(Lib(), library, amx, "another CPU") == "amx" and calls == [1, 1]
-    assert bf16_kernel.choose(lib, library, {"avx2", "fma"}, "key") == "avx2" and lib.kernel == 0  # no AMX here
+    assert variants.choose(lib, BF16, library, amx, "key") == "amx" and lib.kernel == 1 and calls == [1]
+    assert variants.choose(Lib(), BF16, library, amx, "key") == "amx" and calls == [1]  # remembered, not timed
+    assert variants.choose(Lib(), BF16, library, amx, "another CPU") == "amx" and calls == [1, 1]
+    assert variants.choose(lib, BF16, library, {"avx2", "fma"}, "key") == "avx2" and lib.kernel == 0  # no AMX here
     monkeypatch.setenv("SPECDEC_BF16_KERNEL", "avx2")
-    assert bf16_kernel.choose(lib, library, amx, "key") == "avx2" and lib.kernel == 0 and calls == [1, 1]
+    assert variants.choose(lib, BF16, library, amx, "key") == "avx2" and lib.kernel == 0 and calls == [1, 1]
 
 
 @needs_kernels

@@ -21,13 +21,13 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from specdec.kernels import bf16_kernel
+from specdec.kernels import variants
 
 SOURCE = Path(__file__).with_name("rows.cpp")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared", "-std=c++17", "-fno-fast-math"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma")
 _why: list[str] = []  # why the kernels are unavailable, set by load()
-_bf16: list[str] = []  # the bfloat16 kernel chosen by load()
+_chosen: dict[str, str] = {}  # the kernel of each variant, chosen by load()
 
 
 def cpu_flags() -> set[str]:
@@ -123,14 +123,15 @@ def load() -> ctypes.CDLL | None:
         _why.append(f"could not build the kernels: {error}")
         return None
     key = hashlib.sha256(f"{cpu_model()}/threads={torch.get_num_threads()}".encode()).hexdigest()[:12]
-    _bf16.append(bf16_kernel.choose(lib, library, cpu_flags(), key))
+    for variant in variants.VARIANTS:
+        _chosen[variant.name] = variants.choose(lib, variant, library, cpu_flags(), key)
     return lib
 
 
-def bf16_kernel_in_use() -> str | None:
-    """The instruction sequence of bfloat16 products here ("avx2" or "amx", see bf16_kernel.py),
-    or None where the kernels are unavailable."""
-    return _bf16[-1] if load() is not None else None
+def kernels_in_use() -> dict[str, str]:
+    """The instruction sequence each product variant runs here (variants.py: "bf16": "avx2" or
+    "amx"); empty where the kernels are unavailable."""
+    return dict(_chosen) if load() is not None else {}
 
 
 def unavailable() -> str | None:

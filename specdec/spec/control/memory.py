@@ -65,10 +65,10 @@ def _kernels_digest() -> str:
 
 def machine_key() -> str:
     """Timings hold for one machine, thread count and build of the kernels only."""
-    from specdec.kernels.build import bf16_kernel_in_use
+    from specdec.kernels.build import kernels_in_use
 
-    return (f"{platform.node()}/{_cpu_name()}/threads={torch.get_num_threads()}/kernels={_kernels_digest()}"
-            f"/bf16={bf16_kernel_in_use()}")
+    chosen = "".join(f"/{name}={kernel}" for name, kernel in sorted(kernels_in_use().items()))
+    return f"{platform.node()}/{_cpu_name()}/threads={torch.get_num_threads()}/kernels={_kernels_digest()}{chosen}"
 
 
 class ControllerMemory:

@@ -1,0 +1,109 @@
+"""Which instruction sequence rows.cpp's products run where this CPU offers two, chosen once per
+machine by timing both: "bf16", bfloat16 weights and inputs through tile() (AVX2 + FMA) or AMX
+tiles (amx_linear). (Tried and not kept: GGUF's blocks dequantized to bfloat16 for AMX, flat in
+the rows but 9x slower than the 8-bit integer kernel at one row on Qwen2.5-Coder-1.5B.)
+
+Why measure: AMX reads a weight once for up to 16 rows at no extra arithmetic cost, but streams
+a single row no faster than AVX2 (measured on an Intel Xeon with AMX, 2 threads, SmolLM2's
+projections: AVX2 1 / 4 / 8 rows 5.0 / 8.4 / 15.1 ms, AMX 5.0-7 / 5.4 / 5.8 ms), and the balance
+differs by CPU and memory. So both run over weights larger than the caches at the widths
+speculation uses, and the faster in sum wins. A row's bits depend on the choice, so it is made
+once, before any product, and remembered beside the built library for every later process on
+this machine (processes starting together wait for the first to measure).
+SPECDEC_BF16_KERNEL=avx2|amx sets it by hand."""
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+WIDTHS = (1, 4, 8)
+REPEATS = 3
+AMX_FLAGS = {"amx_bf16", "amx_tile", "avx512_bf16"}
+
+
+def _seconds(call: Callable[[], None]) -> float:
+    best = float("inf")
+    for _ in range(REPEATS + 1):  # the first warms
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _bf16_pass(lib: ctypes.CDLL) -> Callable[[int], float]:
+    """Seconds of M rows through 96 MB of bfloat16 weights (beyond the caches)."""
+    import torch
+
+    N, K = 2048, 2048
+    weights = [torch.full((N, K), 0.01, dtype=torch.bfloat16) for _ in range(12)]
+
+    def seconds(M: int) -> float:
+        x, y = torch.full((M, K), 0.5, dtype=torch.bfloat16), torch.empty(M, N, dtype=torch.bfloat16)
+        return _seconds(lambda: [lib.linear_bf16(x.data_ptr(), 1, w.data_ptr(), None, y.data_ptr(), 1, M, N, K)
+                                 for w in weights])
+    return seconds
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    kernels: tuple[str, str]  # rows.cpp's 0 and 1
+    setter: str  # rows.cpp's function that sets it (returns the kernel in use)
+    timing: Callable[[ctypes.CDLL], Callable[[int], float]]  # set-up, then seconds for M rows
+
+    def set(self, lib: ctypes.CDLL, kernel: str) -> str:
+        return self.kernels[getattr(lib, self.setter)(self.kernels.index(kernel))]
+
+    def measure(self, lib: ctypes.CDLL) -> dict[str, float]:
+        """Seconds summed over WIDTHS per kernel this machine can run (AMX where Linux grants it)."""
+        seconds_for, seconds = self.timing(lib), {}
+        for kernel in self.kernels:
+            if self.set(lib, kernel) == kernel:
+                seconds[kernel] = sum(seconds_for(M) for M in WIDTHS)
+        return seconds
+
+
+VARIANTS = (Variant("bf16", ("avx2", "amx"), "set_bf16_kernel", _bf16_pass),)
+
+
+def choose(lib: ctypes.CDLL, variant: Variant, library: Path, cpu_flags: set[str], key: str) -> str:
+    """Sets and returns the kernel of `variant` for this process: the environment's, else the one
+    remembered for this library and key (CPU model, threads), else the faster by measure()."""
+    forced = os.environ.get(f"SPECDEC_{variant.name.upper()}_KERNEL", "").lower()
+    if forced in variant.kernels:
+        return variant.set(lib, forced)
+    if not AMX_FLAGS <= cpu_flags:
+        return variant.set(lib, variant.kernels[0])
+    remembered = library.with_name(f"{library.stem}.{key}.{variant.name}-kernel")
+    try:
+        lock = open(remembered.with_suffix(".lock"), "w")
+    except OSError:
+        lock = None  # a read-only cache: this process measures, the next measures again
+    try:
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # processes starting together: one measures, the rest read
+        kernel = _remembered(remembered, variant)
+        if kernel is None:
+            seconds = variant.measure(lib)
+            kernel = min(seconds, key=seconds.get)
+            if lock is not None:
+                partial = remembered.with_suffix(f".{os.getpid()}.tmp")
+                partial.write_text(kernel + "\n")
+                os.replace(partial, remembered)
+        return variant.set(lib, kernel)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _remembered(path: Path, variant: Variant) -> str | None:
+    try:
+        kernel = path.read_text().strip()
+    except OSError:
+        return None
+    return kernel if kernel in variant.kernels else None
