@@ -121,7 +121,7 @@ def test_a_kernel_is_chosen_once_by_timing_and_remembered(tmp_path, monkeypatch)
 
     monkeypatch.setattr(variants.Variant, "measure", measure)
     monkeypatch.delenv("SPECDEC_BF16_KERNEL", raising=False)
-    library, amx = tmp_path / "rows-abc.so", {"avx2", "fma", "avx512_bf16", "amx_bf16", "amx_tile"}
+    library, amx = tmp_path / "rows-abc.so", {"avx2", "fma", "avx512f", "avx512bw", "amx_bf16", "amx_tile"}
     lib = Lib()
     assert variants.choose(lib, BF16, library, amx, "key") == "amx" and lib.kernel == 1 and calls == [1]
     assert variants.choose(Lib(), BF16, library, amx, "key") == "amx" and calls == [1]  # remembered, not timed

@@ -7,6 +7,9 @@ or $SPECDEC_KERNEL_CACHE), written under a temporary name and renamed, so that p
 starting together do not read a half-written file. Its OpenMP runtime is the one PyTorch has
 already loaded (the same libgomp.so.1), so the two share one thread pool.
 
+Where the CPU offers two instruction sequences for a product (AMX tiles for bf16 beside AVX2),
+load() sets the one variants.py chose for this machine, before any product.
+
 SPECDEC_KERNELS=off turns the kernels off (the exact paths then compute a row at a time with
 PyTorch's kernels, see models/exact.py); where the CPU lacks AVX2 and FMA or no compiler is
 found, `load()` returns None and `unavailable()` says why."""
