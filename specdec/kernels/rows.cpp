@@ -127,8 +127,9 @@ constexpr int64_t NB = 32;
 // each output's sum is the same sequence whatever the rest of the call holds: y[m, n] accumulates
 // TDPBF16PS steps over k = 32i .. 32i + 31 in increasing i, x's row m in a column of the B tile
 // (as wide as the chunk of rows: each column's sums are its own, whatever the width; the tests
-// check), w's row n in a row of the A tile, read where it lies ([N, K] row-major: no repacking). Whole 16-column blocks only; the remaining N % 16
-// columns, and K not a multiple of 32, go through tile() as before.
+// check), w's row n in a row of the A tile, read where it lies ([N, K] row-major: no repacking).
+// Whole 16-column blocks only; the remaining N % 16 columns, and K not a multiple of 32, go
+// through tile() as before.
 int bf16_kernel = 0;  // 0: tile() (AVX2 + FMA); 1: AMX, where K % 32 == 0 and x is bfloat16
 
 #if defined(__GNUC__) && !defined(SPECDEC_NO_AMX)
@@ -141,20 +142,25 @@ struct alignas(64) TileConfig {
     uint8_t rows[16];
 };
 
-// tiles 0..3: sums [16 outputs n][r rows m] float32; 4, 5: weights [16 n][32 k]; 6: x [16 k pairs][r m x 2],
+// tiles 0, 1: sums [16 outputs n][r rows m] float32; 4, 5: weights [16 n][32 k]; 6: x [16 k pairs][r m x 2],
 // for a chunk of r <= 16 rows of x (the tiles only r columns wide: a lone row is read where it lies)
 AMX_TARGET inline void amx_configure(int r) {
     TileConfig c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int t = 0; t < 7; ++t) {
+    for (int t : {0, 1, 4, 5, 6}) {
         c.rows[t] = 16;
         c.colsb[t] = t == 4 || t == 5 ? 64 : 4 * r;
     }
     _tile_loadconfig(&c);
 }
 
-// TB column blocks of 16 outputs from n0, over one chunk of x as B tiles (xp, row stride ldx bytes)
+// Column blocks of 16 outputs sharing one load of x: 2 with the prefetch below measured as fast as
+// 4 without (Intel Xeon with AMX, 2 threads: 1 row 5.0-5.4 ms, 8 rows 5.8 ms over SmolLM2's projections)
+constexpr int AMX_BLOCKS = 2;
+
+// TB (1 or AMX_BLOCKS) column blocks of 16 outputs from n0, over one chunk of x as B tiles (xp, row
+// stride ldx bytes)
 template <int TB>
 AMX_TARGET inline void amx_blocks(const uint16_t* w, int64_t K, const uint16_t* xp, int64_t ldx, int64_t n0,
                                   float* sums) {
@@ -162,23 +168,18 @@ AMX_TARGET inline void amx_blocks(const uint16_t* w, int64_t K, const uint16_t* 
     // The next blocks' weights follow these (TB * 16 rows of w): their cache lines are asked for
     // while these run, TB * 16 lines a step, as tile() does
     const char* next = reinterpret_cast<const char*>(w + (n0 + 16 * TB) * K);
+    static_assert(TB == 1 || TB == 2, "two sum tiles");
     _tile_zero(0);
     if (TB > 1) _tile_zero(1);
-    if (TB > 2) _tile_zero(2);
-    if (TB > 3) _tile_zero(3);
     for (int64_t k = 0; k < K; k += 32) {
         for (int64_t b = 0; b < TB * 16 * 64; b += 64) _mm_prefetch(next + k / 32 * TB * 16 * 64 + b, _MM_HINT_T0);
         _tile_loadd(6, reinterpret_cast<const char*>(xp) + k / 2 * ldx, ldx);
         _tile_loadd(4, w + n0 * K + k, ldw);
         _tile_dpbf16ps(0, 4, 6);
         if (TB > 1) { _tile_loadd(5, w + (n0 + 16) * K + k, ldw); _tile_dpbf16ps(1, 5, 6); }
-        if (TB > 2) { _tile_loadd(4, w + (n0 + 32) * K + k, ldw); _tile_dpbf16ps(2, 4, 6); }
-        if (TB > 3) { _tile_loadd(5, w + (n0 + 48) * K + k, ldw); _tile_dpbf16ps(3, 5, 6); }
     }
     _tile_stored(0, sums, 64);
     if (TB > 1) _tile_stored(1, sums + 256, 64);
-    if (TB > 2) _tile_stored(2, sums + 512, 64);
-    if (TB > 3) _tile_stored(3, sums + 768, 64);
 }
 
 // Columns [0, N16) of y = x @ w.T, x bfloat16 [M, K] with K % 32 == 0, N16 % 16 == 0
@@ -195,13 +196,11 @@ AMX_TARGET void amx_linear(const uint16_t* x, const uint16_t* w, const Epilogue&
         for (int64_t j = 0; j < r; ++j)
             for (int64_t p = 0; p < P; ++p) packed[c * 16 * P + p * r + j] = xr[(c * 16 + j) * P + p];
     }
-    // column blocks sharing one load of x: 2 with the prefetch above measured as fast as 4 without
-    // (Intel Xeon with AMX, 2 threads: 1 row 5.0-5.4 ms, 8 rows 5.8 ms over SmolLM2's projections)
-    constexpr int TB = 2;
+    constexpr int TB = AMX_BLOCKS;
     const int64_t groups = N16 / (16 * TB), blocks = N16 / 16;
     #pragma omp parallel
     {
-        alignas(64) float sums[4 * 256];
+        alignas(64) float sums[TB * 256];
         int configured = 0;
         #pragma omp for schedule(static)
         for (int64_t g = 0; g < groups + (blocks - groups * TB); ++g) {
