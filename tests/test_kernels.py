@@ -43,7 +43,7 @@ def _usable(variant: variants.Variant) -> list[str]:
     return usable
 
 
-(BF16,) = variants.VARIANTS
+BF16, GROUPED = variants.VARIANTS
 
 
 @contextmanager
@@ -80,29 +80,71 @@ def test_bfloat16_inputs_are_float32_accurate_and_row_invariant_on_each_kernel(n
                     assert torch.equal(part, y[start:start + m]), (name, m, start)
 
 
-@needs_kernels
-def test_grouped_weights_with_bfloat16_inputs_are_accurate_and_row_invariant():
+def _grouped(layout: str, N: int, K: int, g: torch.Generator):
+    """Random weights in one of the layouts models/gguf_blocks.py unpacks GGUF's formats to."""
+    from specdec.kernels.invariant import super_width
     from specdec.models.gguf_blocks import Grouped
 
+    def ints(G):
+        return torch.randint(-60, 60, (N, K // G), generator=g, dtype=torch.int8)
+
+    def supers():
+        return torch.rand(N, K // super_width(K), generator=g) / 1000
+
+    def floats(G):
+        return torch.rand(N, K // G, generator=g) / 100
+    if layout == "Q4_K":  # 4 bits, two levels, offsets
+        q = torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8)
+        return Grouped(q, ints(32), ints(32), 32, 4, supers(), supers())
+    if layout == "Q6_K":  # a byte a value, groups of 16, two levels
+        q = torch.randint(0, 64, (N, K), generator=g, dtype=torch.uint8)
+        return Grouped(q, ints(16), ints(16), 16, 8, supers(), supers())
+    if layout == "Q8_0":  # signed, one level, no offsets
+        return Grouped(torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8), floats(32), None, 32)
+    if layout == "Q4_1":  # 4 bits, one level, offsets
+        q = torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8)
+        return Grouped(q, floats(32), -floats(32), 32, 4)
+    q = torch.randint(0, 32, (N, K), generator=g, dtype=torch.uint8)  # Q5_0: a byte a value, offsets
+    return Grouped(q, floats(32), -floats(32), 32, 8)
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", GROUPED.kernels)
+@pytest.mark.parametrize("layout,K", [("Q4_K", 512), ("Q4_K", 384), ("Q6_K", 512), ("Q8_0", 160), ("Q4_1", 96),
+                                      ("Q5_0", 96)])
+def test_grouped_weights_with_bfloat16_inputs_are_accurate_and_row_invariant_on_each_kernel(name, layout, K):
     g = torch.Generator().manual_seed(4)
-    N, K, M = 72, 512, 37
-    q = torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8)  # Q4_K's layout: 4 bits, two levels
-    grouped = Grouped(q, torch.randint(-60, 60, (N, K // 32), generator=g, dtype=torch.int8),
-                      torch.randint(-60, 60, (N, K // 32), generator=g, dtype=torch.int8), 32, 4,
-                      torch.rand(N, K // 256, generator=g) / 1000, torch.rand(N, K // 256, generator=g) / 1000)
+    N, M = 96, 37  # 6 blocks of 16 outputs (the columns layout's)
+    grouped = _grouped(layout, N, K, g)
     bias = torch.randn(N, generator=g)
     x = torch.randn(M, K, generator=g).to(torch.bfloat16)
     reference = F.linear(x.double(), grouped.dequantized().double(), bias.double())
 
+    laid = grouped.in_columns() if name == "vnni" else grouped  # the layout each kernel reads
+
     def product(rows):
-        return invariant.linear_grouped(rows, grouped.q, grouped.scale, grouped.offset, 32, bias, bits=4,
-                                        scale_super=grouped.scale_super, offset_super=grouped.offset_super)
-    y = product(x)
-    # x rounded to 8 bits by blocks, as llama.cpp does
-    assert (y.double() - reference).abs().max() < 0.02 * float(reference.abs().max())
-    for m in (1, 2, 5, 7, 16, 17):
-        for start in (0, M - m):
-            assert torch.equal(product(x[start:start + m]), y[start:start + m]), (m, start)
+        return invariant.linear_grouped(rows, laid.q, laid.scale, laid.offset, laid.group, bias, bits=laid.bits,
+                                        scale_super=laid.scale_super, offset_super=laid.offset_super,
+                                        out=torch.empty(len(rows), N), columns=laid.columns)
+    with kernel(GROUPED, name):
+        y = product(x)
+        # x rounded to 8 bits by blocks, as llama.cpp does
+        assert (y.double() - reference).abs().max() < 0.02 * float(reference.abs().max()), (name, layout)
+        for m in (1, 2, 5, 7, 16, 17):
+            for start in (0, M - m):
+                assert torch.equal(product(x[start:start + m]), y[start:start + m]), (name, layout, m, start)
+
+
+@pytest.mark.parametrize("layout,K", [("Q4_K", 512), ("Q6_K", 512), ("Q8_0", 160)])
+def test_the_columns_layout_keeps_every_weight(layout, K):
+    grouped = _grouped(layout, 48, K, torch.Generator().manual_seed(5))
+    columns = grouped.in_columns()
+    assert columns.columns and not torch.equal(columns.q, grouped.q)
+    assert torch.equal(columns.values(), grouped.values())
+    rows = torch.tensor([47, 0, 17, 16, 3])
+    assert torch.equal(columns.dequantized(rows), grouped.dequantized(rows))
+    assert torch.equal(columns.row_major_q(slice(5, 21)), grouped.q[5:21])
+    assert torch.equal(columns.row_major(columns.scale, rows), grouped.scale[rows])
 
 
 def test_a_kernel_is_chosen_once_by_timing_and_remembered(tmp_path, monkeypatch):

@@ -7,7 +7,8 @@ or $SPECDEC_KERNEL_CACHE), written under a temporary name and renamed, so that p
 starting together do not read a half-written file. Its OpenMP runtime is the one PyTorch has
 already loaded (the same libgomp.so.1), so the two share one thread pool.
 
-Where the CPU offers two instruction sequences for a product (AMX tiles for bf16 beside AVX2),
+Where the CPU offers two instruction sequences for a product (AMX tiles beside AVX2, for bf16 and
+for grouped weights),
 load() sets the one variants.py chose for this machine, before any product.
 
 SPECDEC_KERNELS=off turns the kernels off (the exact paths then compute a row at a time with
@@ -94,12 +95,13 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, name).argtypes = [p] * 8 + [i32] + [i64] * 6 + [f32]
     for name in ("linear_bf16", "linear_f32", "linear_i8", "attend_bf16", "attend_f32"):
         getattr(lib, name).restype = None
-    lib.linear_grouped.argtypes = [p, i32, p, i32, i32, p, p, p, p, i64, p, p, i32, i64, i64, i64, i64]
+    lib.linear_grouped.argtypes = [p, i32, p, i32, i32, i32, p, p, p, p, i64, p, p, i32, i64, i64, i64, i64]
     lib.linear_grouped.restype = i32
     lib.stack_forward.argtypes = [p, i64, p, p, i32, i64] + [p] * 9
     lib.stack_forward.restype = i32
-    lib.set_bf16_kernel.argtypes = [i32]
-    lib.set_bf16_kernel.restype = i32
+    for name in ("set_bf16_kernel", "set_grouped_kernel"):
+        getattr(lib, name).argtypes = [i32]
+        getattr(lib, name).restype = i32
 
 
 @cache
@@ -132,8 +134,8 @@ def load() -> ctypes.CDLL | None:
 
 
 def kernels_in_use() -> dict[str, str]:
-    """The instruction sequence each product variant runs here (variants.py: "bf16": "avx2" or
-    "amx"); empty where the kernels are unavailable."""
+    """The instruction sequence each product variant runs here (variants.py: "bf16" and "grouped":
+    "avx2" or "amx"); empty where the kernels are unavailable."""
     return dict(_chosen) if load() is not None else {}
 
 

@@ -62,13 +62,13 @@ def super_width(K: int) -> int:
 def linear_grouped(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
                    group: int, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
                    column: int = 0, bits: int = 8, scale_super: torch.Tensor | None = None,
-                   offset_super: torch.Tensor | None = None) -> torch.Tensor | None:
+                   offset_super: torch.Tensor | None = None, columns: bool = False) -> torch.Tensor | None:
     """x [M, K] @ W.T (+ bias) for W = q * scale (+ offset) by groups of `group` (16 or 32)
     inputs, x quantized to 8 bits by blocks of 32 as llama.cpp does (rows.cpp): q uint8 [N, K],
     or [N, K / 2] holding 4-bit values (bits=4, groups of 32), or int8 [N, K] without offsets;
     scale and offset float32 [N, K / group] (offset may be None), or int8 times scale_super and
     offset_super float32 [N, K / S] (two levels, superblocks of S = 256 where K allows, else 128:
-    super_width); bias float32 [N]. Written
+    super_width); bias float32 [N]; columns: q in the columns layout (Grouped.in_columns). Written
     into out[:, column : column + N] (out [M, >= N], float32 or bfloat16, rows contiguous) when
     given, else into a new [M, N] tensor of x's dtype. None where the kernels do not apply."""
     lib = load()
@@ -81,7 +81,7 @@ def linear_grouped(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, offset
         out, column = torch.empty(x.shape[0], N, dtype=x.dtype), 0
     if out.dtype not in IO_DTYPES or out.stride(1) != 1:
         return None
-    failed = lib.linear_grouped(x.data_ptr(), int(x.dtype == torch.bfloat16), q.data_ptr(), bits,
+    failed = lib.linear_grouped(x.data_ptr(), int(x.dtype == torch.bfloat16), q.data_ptr(), int(columns), bits,
                                 int(q.dtype == torch.int8), scale.data_ptr(), address(offset), address(scale_super),
                                 address(offset_super), group, address(bias),
                                 out.data_ptr() + column * out.element_size(), int(out.dtype == torch.bfloat16),

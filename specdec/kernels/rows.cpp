@@ -649,34 +649,160 @@ void glinear(const void* x, bool x_bf16, const uint8_t* w, const GroupScales& gs
     }
 }
 
+// Grouped weights in the columns layout (Grouped.columns, models/gguf_blocks.py), on CPUs with
+// AVX-512 VNNI: in each block of 16 outputs, group g's weights stored as G / 4 runs of 64 bytes,
+// run p holding the 16 outputs' inputs 4p .. 4p + 3 side by side (4-bit values: 4 runs, inputs
+// 4p .. in the low nibbles and 16 + 4p .. in the high ones), and the block's scales and offsets
+// of a group (or superblock) side by side too. So one VPDPBUSD multiplies a row's
+// 4 quantized inputs (broadcast) by 16 outputs' weights at once, a group's exact integer dot
+// products for 16 outputs land in the lanes of one register, and the weights stream as one run.
+// x is quantized per row and block of 32 as for one level (quantize_rows), whatever the weights'
+// levels. Then in float32, per group g in increasing order, for each output:
+//   acc = fma(float(dot_g), scale(n, g) * dx(m, g), acc);  acc = fma(offset(n, g), dx * sum(xq)_g, acc)
+// with scale(n, g) the group's float32 scale, or its int8 scale times the superblock's float32
+// (offsets alike); then + bias and one rounding. A row's bits depend on nothing else in the call
+// (batch-invariant), but differ from qtile()/ktile()'s order: which layout a model's weights take
+// is chosen once per machine (variants.py "grouped"), so a weight always runs one way.
+// Signed weights (Q8_0) are shifted by 128 to unsigned as they load and the shift's share taken back.
+// (Tried: AMX-INT8 tiles per group over row-major weights: flat in rows but 3x slower than AVX2 at
+// one row, the per-group tile steps' latency and stores; see variants.py.)
+int grouped_columns_kernel = 0;  // 1 where this build has the AVX-512 VNNI code and load() chose it
+
+#ifdef SPECDEC_AMX
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+
+#ifndef PREFETCH
+#define PREFETCH 2048
+#endif
+
+// Block blk's 16 outputs' scales (or offsets) of group g side by side: the columns layout keeps
+// them so ([N / 16][K / G][16], supers [N / 16][K / S][16]); two levels: float(int8) * super
+template <int G, int S>
+VNNI_TARGET inline __m512 group_factors(const void* level, const float* super, int64_t blk, int64_t g, int64_t KG,
+                                        int64_t KS) {
+    if constexpr (S == 0) return _mm512_loadu_ps(static_cast<const float*>(level) + (blk * KG + g) * 16);
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(level) + (blk * KG + g) * 16));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)),
+                         _mm512_loadu_ps(super + (blk * KS + g * G / S) * 16));
+}
+// Columns [0, N) (N % 16 == 0) of y, x already quantized (xr: q [M, K], d [M, K / 32], sums [M, K / G])
+template <int G, bool NIB, bool SIGNED, bool OFF, int S, class Y>
+VNNI_TARGET void vnni_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs, const float* bias,
+                              Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    static_assert(!NIB || G == 32, "4-bit weights come in groups of 32");
+    constexpr int64_t GB = NIB ? G / 2 : G;  // weight bytes of a group and output
+    constexpr int P = G / 4;
+    const int64_t KG = K / G, KB = K / 32, KS = S > 0 ? K / S : 0, ldw = NIB ? K / 2 : K, blocks = N / 16;
+    std::vector<int32_t> xsum_q(SIGNED ? M * KG : 0);  // each group's sum of quantized x
+    for (int64_t i = 0; i < int64_t(xsum_q.size()); ++i) {
+        int32_t v = 0;
+        for (int k = 0; k < G; ++k) v += xr.q[i * G + k];
+        xsum_q[i] = v;
+    }
+    #pragma omp parallel for schedule(static)
+        for (int64_t blk = 0; blk < blocks; ++blk) {
+            const int64_t n0 = blk * 16;
+            const uint8_t* wb = w + n0 * ldw;
+            for (int64_t m0 = 0; m0 < M; m0 += 8) {  // 8 rows' sums and a group's weights within 32 registers
+                const int R = int(std::min<int64_t>(8, M - m0));
+                __m512 acc[8];
+                for (int j = 0; j < 8; ++j) acc[j] = _mm512_setzero_ps();
+                for (int64_t g = 0; g < KG; ++g) {
+                    const uint8_t* wc = wb + g * GB * 16;
+                    // the weights stream as one run (a thread's blocks follow each other): PREFETCH
+                    // bytes ahead, within L1 however long a row (a block ahead overflowed it at K = 8960)
+                    for (int k = 0; k < GB / 4; ++k)
+                        _mm_prefetch(reinterpret_cast<const char*>(wc + PREFETCH + 64 * k), _MM_HINT_T0);
+                    __m512i col[P];
+                    if constexpr (NIB) {
+                        const __m512i low = _mm512_set1_epi8(0x0F);
+                        for (int j = 0; j < 4; ++j) {
+                            const __m512i t = _mm512_loadu_si512(wc + 64 * j);
+                            col[j] = _mm512_and_si512(t, low);
+                            col[4 + j] = _mm512_and_si512(_mm512_srli_epi16(t, 4), low);
+                        }
+                    } else {
+                        for (int p = 0; p < P; ++p) col[p] = _mm512_loadu_si512(wc + 64 * p);
+                    }
+                    if constexpr (SIGNED)
+                        for (int p = 0; p < P; ++p) col[p] = _mm512_xor_si512(col[p], _mm512_set1_epi8(char(0x80)));
+                    const __m512 f = group_factors<G, S>(gs.scale, gs.scale_super, blk, g, KG, KS);
+                    const __m512 o = OFF ? group_factors<G, S>(gs.offset, gs.offset_super, blk, g, KG, KS)
+                                         : _mm512_setzero_ps();
+                    for (int j = 0; j < R; ++j) {
+                        const int64_t m = m0 + j;
+                        const int8_t* xg = xr.q.data() + m * K + g * G;
+                        // two chains of steps (half the latency), added: exact integers either way
+                        __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+                        for (int p = 0; p < P; p += 2) {
+                            int32_t four[2];
+                            memcpy(four, xg + 4 * p, 8);
+                            even = _mm512_dpbusd_epi32(even, col[p], _mm512_set1_epi32(four[0]));
+                            odd = _mm512_dpbusd_epi32(odd, col[p + 1], _mm512_set1_epi32(four[1]));
+                        }
+                        __m512i dot = _mm512_add_epi32(even, odd);
+                        if constexpr (SIGNED) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * xsum_q[m * KG + g]));
+                        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                                 _mm512_mul_ps(f, _mm512_set1_ps(xr.d[m * KB + g * G / 32])), acc[j]);
+                        if constexpr (OFF)
+                            acc[j] = _mm512_fmadd_ps(o, _mm512_set1_ps(xr.sums[m * KG + g]), acc[j]);
+                    }
+                }
+                alignas(64) float out[16];
+                for (int j = 0; j < R; ++j) {
+                    _mm512_store_ps(out, bias ? _mm512_add_ps(acc[j], _mm512_loadu_ps(bias + n0)) : acc[j]);
+                    for (int i = 0; i < 16; ++i) store(y + (m0 + j) * ldy + n0 + i, out[i]);
+                }
+            }
+        }
+}
+#endif
+
+// glinear() on row-major weights, vnni_glinear() on the columns layout (1 where this build lacks it)
+template <int G, bool NIB, bool SIGNED, bool OFF, int S, class Y>
+int grouped(const void* x, bool x_bf16, const uint8_t* w, bool columns, const GroupScales& gs, const float* bias, Y* y,
+            int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    if (!columns) {
+        glinear<G, NIB, SIGNED, OFF, S>(x, x_bf16, w, gs, bias, y, ldy, M, N, K);
+        return 0;
+    }
+#ifdef SPECDEC_AMX
+    if (N % 16 == 0 && grouped_columns_kernel) {
+        QuantizedRows xr;
+        quantize_rows<32>(x, x_bf16, M, K, G, xr);
+        vnni_glinear<G, NIB, SIGNED, OFF, S>(xr, w, gs, bias, y, ldy, M, N, K);
+        return 0;
+    }
+#endif
+    return 1;
+}
+
 // The layouts models/gguf_blocks.py produces: 4-bit unsigned with offsets (groups of 32), 8-bit
 // unsigned with offsets (groups of 16 or 32), 8-bit signed without (Q8_0); scales of one level,
 // or two: by superblocks of 256 (K-quants), or of 128 where K is not a multiple of 256 (4-bit in
 // groups of 32 only). 1 for anything else.
 template <class Y>
-int glinear_any(const void* x, bool x_bf16, const uint8_t* w, int bits, int is_signed, const GroupScales& gs,
+int glinear_any(const void* x, bool x_bf16, const uint8_t* w, bool columns, int bits, int is_signed, const GroupScales& gs,
                 int64_t G, const float* bias, Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
     const bool two = gs.scale_super != nullptr, off = gs.offset != nullptr;
     if (K % 32 || (G != 16 && G != 32) || (two && (K % 128 || (off && !gs.offset_super)))) return 1;
     if (two && K % 256) {
         if (bits != 4 || G != 32 || !off || is_signed) return 1;
-        glinear<32, true, false, true, 128>(x, x_bf16, w, gs, bias, y, ldy, M, N, K);
-        return 0;
+        return grouped<32, true, false, true, 128>(x, x_bf16, w, columns, gs, bias, y, ldy, M, N, K);
     }
     if (is_signed) {
         if (bits != 8 || off || two || G != 32) return 1;
-        glinear<32, false, true, false, 0>(x, x_bf16, w, gs, bias, y, ldy, M, N, K);
-        return 0;
+        return grouped<32, false, true, false, 0>(x, x_bf16, w, columns, gs, bias, y, ldy, M, N, K);
     }
     if (!off) return 1;
     const int key = (bits == 4) * 4 + (G == 16) * 2 + two;
     switch (key) {
-        case 4: glinear<32, true, false, true, 0>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
-        case 5: glinear<32, true, false, true, 256>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
-        case 0: glinear<32, false, false, true, 0>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
-        case 1: glinear<32, false, false, true, 256>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
-        case 2: glinear<16, false, false, true, 0>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
-        case 3: glinear<16, false, false, true, 256>(x, x_bf16, w, gs, bias, y, ldy, M, N, K); return 0;
+        case 4: return grouped<32, true, false, true, 0>(x, x_bf16, w, columns, gs, bias, y, ldy, M, N, K);
+        case 5: return grouped<32, true, false, true, 256>(x, x_bf16, w, columns, gs, bias, y, ldy, M, N, K);
+        case 0: return grouped<32, false, false, true, 0>(x, x_bf16, w, columns, gs, bias, y, ldy, M, N, K);
+        case 1: return grouped<32, false, false, true, 256>(x, x_bf16, w, columns, gs, bias, y, ldy, M, N, K);
+        case 2: return grouped<16, false, false, true, 0>(x, x_bf16, w, columns, gs, bias, y, ldy, M, N, K);
+        case 3: return grouped<16, false, false, true, 256>(x, x_bf16, w, columns, gs, bias, y, ldy, M, N, K);
         default: return 1;  // 4-bit in groups of 16
     }
 }
@@ -926,7 +1052,7 @@ struct Part {  // one GGUF tensor's unpacked blocks (models/gguf_blocks.py Group
     const float* scale_super;
     const float* offset_super;
     const float* bias;  // float32 [rows] or null
-    int64_t rows, bits, is_signed, group;
+    int64_t rows, bits, is_signed, group, columns;  // columns: the columns layout (vnni_glinear)
 };
 struct Projection {  // parts side by side in the output (a fused q/k/v or gate/up)
     Part parts[3];
@@ -995,7 +1121,7 @@ int project(const Projection& p, const Y* x, int64_t M, int64_t K, Y* y) {
             continue;
         }
         const GroupScales gs{part.scale, part.offset, part.scale_super, part.offset_super};
-        if (glinear_any(x, x_bf16, static_cast<const uint8_t*>(part.q), int(part.bits),
+        if (glinear_any(x, x_bf16, static_cast<const uint8_t*>(part.q), part.columns != 0, int(part.bits),
                         int(part.is_signed), gs, part.group, part.bias, y + column, p.out, M, part.rows, K))
             return 1;
         column += part.rows;
@@ -1100,7 +1226,7 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
 
 extern "C" {
 
-int specdec_kernels_version() { return 10; }
+int specdec_kernels_version() { return 11; }
 
 // Which kernel bfloat16 weights with bfloat16 inputs go through: 0 tile() (AVX2 + FMA), 1 AMX
 // (asks Linux for the tile state first). Set once, before any product, and kept: a row's bits
@@ -1109,6 +1235,16 @@ int set_bf16_kernel(int kernel) {
     if (kernel == 1 && !amx_request()) return bf16_kernel;
     bf16_kernel = kernel == 1 ? 1 : 0;
     return bf16_kernel;
+}
+
+// Whether grouped weights in the columns layout can be multiplied (1: this build has the AVX-512
+// VNNI code; the caller checked the CPU): load() sets it from variants.py's choice before any
+// weight is laid out. Returns the setting now in use.
+int set_grouped_kernel(int kernel) {
+#ifdef SPECDEC_AMX
+    grouped_columns_kernel = kernel == 1 ? 1 : 0;
+#endif
+    return grouped_columns_kernel;
 }
 
 // y = x @ w.T (times scale, plus bias: both optional, float32 [N]); x and y float32 or bfloat16
@@ -1129,15 +1265,18 @@ void linear_i8(const void* x, int x_bf16, const int8_t* w, const float* scale, c
 // by blocks of 32 (see glinear), groups of G inputs; q [N, K] one value a byte (bits 8, G 16 or
 // 32; is_signed: int8 without offsets) or [N, K / 2] unsigned 4-bit (bits 4, G 32); scale, offset
 // [N, K / G] float32 (offset may be null), or with scale_super (and offset_super) [N, K / 256]
-// float32, int8 times those (GroupScales). Returns 1 for a layout it lacks.
-int linear_grouped(const void* x, int x_bf16, const void* q, int bits, int is_signed, const void* scale,
+// float32, int8 times those (GroupScales); columns: q in the columns layout (vnni_glinear, N % 16 == 0).
+// Returns 1 for a layout it lacks.
+int linear_grouped(const void* x, int x_bf16, const void* q, int columns, int bits, int is_signed, const void* scale,
                    const void* offset, const float* scale_super, const float* offset_super, int64_t G,
                    const float* bias, void* y, int y_bf16, int64_t ldy, int64_t M, int64_t N, int64_t K) {
     const uint8_t* w = static_cast<const uint8_t*>(q);
     const GroupScales gs{scale, offset, scale_super, offset_super};
     if (y_bf16)
-        return glinear_any(x, x_bf16 != 0, w, bits, is_signed, gs, G, bias, static_cast<uint16_t*>(y), ldy, M, N, K);
-    return glinear_any(x, x_bf16 != 0, w, bits, is_signed, gs, G, bias, static_cast<float*>(y), ldy, M, N, K);
+        return glinear_any(x, x_bf16 != 0, w, columns != 0, bits, is_signed, gs, G, bias, static_cast<uint16_t*>(y),
+                           ldy, M, N, K);
+    return glinear_any(x, x_bf16 != 0, w, columns != 0, bits, is_signed, gs, G, bias, static_cast<float*>(y), ldy,
+                       M, N, K);
 }
 
 // caches in bfloat16 or float32; out float32 or bfloat16 (out_bf16)

@@ -1,16 +1,22 @@
 """Which instruction sequence rows.cpp's products run where this CPU offers two, chosen once per
 machine by timing both: "bf16", bfloat16 weights and inputs through tile() (AVX2 + FMA) or AMX
-tiles (amx_linear). (Tried and not kept: GGUF's blocks dequantized to bfloat16 for AMX, flat in
-the rows but 9x slower than the 8-bit integer kernel at one row on Qwen2.5-Coder-1.5B.)
+tiles (amx_linear); "grouped", GGUF-style grouped weights row-major through the AVX2 integer
+kernels (qtile, ktile), or laid out by columns at load (Grouped.in_columns) for AVX-512 VNNI
+(vnni_glinear). (Tried and not kept: GGUF's blocks dequantized to bfloat16 for AMX, flat in
+the rows but 9x slower than the 8-bit integer kernel at one row on Qwen2.5-Coder-1.5B; AMX-INT8
+tiles a group at a time, flat but 3x slower than AVX2 at one row: 16 vs 5.4 ms over 96 MB of
+Q4_K-layout weights.)
 
 Why measure: AMX reads a weight once for up to 16 rows at no extra arithmetic cost, but streams
 a single row no faster than AVX2 (measured on an Intel Xeon with AMX, 2 threads, SmolLM2's
 projections: AVX2 1 / 4 / 8 rows 5.0 / 8.4 / 15.1 ms, AMX 5.0-7 / 5.4 / 5.8 ms), and the balance
-differs by CPU and memory. So both run over weights larger than the caches at the widths
-speculation uses, and the faster in sum wins. A row's bits depend on the choice, so it is made
-once, before any product, and remembered beside the built library for every later process on
-this machine (processes starting together wait for the first to measure).
-SPECDEC_BF16_KERNEL=avx2|amx sets it by hand."""
+differs by CPU and memory; VNNI's columns cut the integer work per extra row (one VPDPBUSD
+for 16 outputs x 4 inputs) but cost a little at one row (4.8 vs 4.55 ms). So both run over
+weights larger than the caches at the widths speculation uses, and the faster in sum wins. A
+row's bits depend on the choice, so it is made once, before any product (and any weight's
+layout), and remembered beside the built library for every later process on this machine
+(processes starting together wait for the first to measure).
+SPECDEC_BF16_KERNEL=avx2|amx and SPECDEC_GROUPED_KERNEL=avx2|vnni set them by hand."""
 from __future__ import annotations
 
 import ctypes
@@ -23,7 +29,6 @@ from pathlib import Path
 
 WIDTHS = (1, 4, 8)
 REPEATS = 3
-AMX_FLAGS = {"amx_bf16", "amx_tile", "avx512f", "avx512bw"}  # amx_linear's target
 
 
 def _seconds(call: Callable[[], None]) -> float:
@@ -35,8 +40,8 @@ def _seconds(call: Callable[[], None]) -> float:
     return best
 
 
-def _bf16_pass(lib: ctypes.CDLL) -> Callable[[int], float]:
-    """Seconds of M rows through 96 MB of bfloat16 weights (beyond the caches)."""
+def _bf16_pass(lib: ctypes.CDLL, kernel: str) -> Callable[[int], float]:
+    """Seconds of M rows through 96 MB of bfloat16 weights (beyond the caches), on the kernel set."""
     import torch
 
     N, K = 2048, 2048
@@ -49,36 +54,67 @@ def _bf16_pass(lib: ctypes.CDLL) -> Callable[[int], float]:
     return seconds
 
 
+def _grouped_pass(lib: ctypes.CDLL, kernel: str) -> Callable[[int], float]:
+    """Seconds of M rows through 96 MB of 4-bit weights in Q4_K's layout (two levels of scales,
+    offsets; Qwen2.5-Coder's bulk), row-major for "avx2", in the columns layout for "vnni" (the
+    bytes are all alike: the same tensors serve as either)."""
+    import torch
+
+    N, K, G = 4096, 4096, 32
+    weights = [torch.full((N, K // 2), 0x37, dtype=torch.uint8) for _ in range(12)]
+    scale, offset = torch.full((N, K // G), 3, dtype=torch.int8), torch.full((N, K // G), 2, dtype=torch.int8)
+    scale_super, offset_super = torch.full((N, K // 256), 0.01), torch.full((N, K // 256), -0.01)
+
+    def seconds(M: int) -> float:
+        x, y = torch.full((M, K), 0.5, dtype=torch.bfloat16), torch.empty(M, N, dtype=torch.bfloat16)
+
+        def run() -> None:
+            for w in weights:
+                lib.linear_grouped(x.data_ptr(), 1, w.data_ptr(), int(kernel == "vnni"), 4, 0, scale.data_ptr(),
+                                   offset.data_ptr(),
+                                   scale_super.data_ptr(), offset_super.data_ptr(), G, None, y.data_ptr(), 1,
+                                   N, M, N, K)
+        return _seconds(run)
+    return seconds
+
+
 @dataclass(frozen=True)
 class Variant:
     name: str
     kernels: tuple[str, str]  # rows.cpp's 0 and 1
     setter: str  # rows.cpp's function that sets it (returns the kernel in use)
-    timing: Callable[[ctypes.CDLL], Callable[[int], float]]  # set-up, then seconds for M rows
+    timing: Callable[[ctypes.CDLL, str], Callable[[int], float]]  # set-up for a kernel, then seconds for M rows
+    cpu_flags: frozenset[str]  # what the second kernel's code needs (its target attribute)
 
     def set(self, lib: ctypes.CDLL, kernel: str) -> str:
         return self.kernels[getattr(lib, self.setter)(self.kernels.index(kernel))]
 
     def measure(self, lib: ctypes.CDLL) -> dict[str, float]:
         """Seconds summed over WIDTHS per kernel this machine can run (AMX where Linux grants it)."""
-        seconds_for, seconds = self.timing(lib), {}
+        seconds = {}
         for kernel in self.kernels:
             if self.set(lib, kernel) == kernel:
+                seconds_for = self.timing(lib, kernel)
                 seconds[kernel] = sum(seconds_for(M) for M in WIDTHS)
         return seconds
 
 
-VARIANTS = (Variant("bf16", ("avx2", "amx"), "set_bf16_kernel", _bf16_pass),)
+VARIANTS = (
+    Variant("bf16", ("avx2", "amx"), "set_bf16_kernel", _bf16_pass,
+            frozenset({"amx_bf16", "amx_tile", "avx512f", "avx512bw"})),
+    Variant("grouped", ("avx2", "vnni"), "set_grouped_kernel", _grouped_pass,
+            frozenset({"avx512f", "avx512bw", "avx512_vnni"})),
+)
 
 
 def choose(lib: ctypes.CDLL, variant: Variant, library: Path, cpu_flags: set[str], key: str) -> str:
     """Sets and returns the kernel of `variant` for this process: the environment's, else the one
     remembered for this library and key (CPU model, threads), else the faster by measure()."""
+    if not variant.cpu_flags <= cpu_flags:  # the second kernel's instructions are missing here
+        return variant.set(lib, variant.kernels[0])
     forced = os.environ.get(f"SPECDEC_{variant.name.upper()}_KERNEL", "").lower()
     if forced in variant.kernels:
         return variant.set(lib, forced)
-    if not AMX_FLAGS <= cpu_flags:
-        return variant.set(lib, variant.kernels[0])
     remembered = library.with_name(f"{library.stem}.{key}.{variant.name}-kernel")
     try:
         lock = open(remembered.with_suffix(".lock"), "w")

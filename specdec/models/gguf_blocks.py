@@ -9,12 +9,13 @@ Block layouts follow ggml's (ggml-common.h / ggml-quants.c); this is an independ
 rewrite, checked against the `gguf` package's dequantization in tests/test_gguf_blocks.py."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.kernels.build import kernels_in_use
 from specdec.kernels.invariant import super_width
 
 # format: (values per block, bytes per block)
@@ -43,14 +44,15 @@ class Grouped:
     bits: int = 8
     scale_super: torch.Tensor | None = None
     offset_super: torch.Tensor | None = None
+    columns: bool = False  # q in the columns layout (in_columns), else row-major
 
     def group_scales(self, rows: torch.Tensor | slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Float32 scale and offset per group of the given rows."""
         def level(t, sup):
             if t is None or sup is None:
-                return None if t is None else t[rows]
-            return t[rows].to(torch.float32) * sup[rows].repeat_interleave(super_width(self.shape[1]) // self.group,
-                                                                           dim=-1)
+                return None if t is None else self.row_major(t, rows)
+            return self.row_major(t, rows).to(torch.float32) * self.row_major(sup, rows).repeat_interleave(
+                super_width(self.shape[1]) // self.group, dim=-1)
         return level(self.scale, self.scale_super), level(self.offset, self.offset_super)
 
     @property
@@ -59,7 +61,7 @@ class Grouped:
 
     def values(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
         """The integer values q of the given rows, [rows, K] int16."""
-        q = self.q[rows]
+        q = self.row_major_q(rows)
         if self.bits == 8:
             return q.to(torch.int16)
         halves = q.reshape(*q.shape[:-1], -1, 16).to(torch.int16)
@@ -71,6 +73,40 @@ class Grouped:
         w = self.values(rows).to(torch.float32) * scale.repeat_interleave(self.group, dim=-1)
         return w if offset is None else w + offset.repeat_interleave(self.group, dim=-1)
 
+    def _runs(self) -> tuple[int, int, int]:
+        """q's [N, B] bytes as groups of GB bytes a row, in runs of 4: (B // GB, GB // 4, 4)."""
+        GB = self.group // 2 if self.bits == 4 else self.group
+        return self.q.shape[1] // GB, GB // 4, 4
+
+    def in_columns(self) -> Grouped:
+        """A copy in the columns layout rows.cpp's VNNI kernel streams (vnni_glinear): in each
+        block of 16 rows, group by group, q's runs of 4 bytes of the 16 rows side by side, and
+        each group's (or superblock's) 16 scales and offsets side by side. Needs N a multiple of 16."""
+        N, B = self.q.shape
+        q = self.q.reshape(N // 16, 16, *self._runs()).permute(0, 2, 3, 1, 4).contiguous().reshape(N, B)
+        moved = {}
+        for name in ("scale", "offset", "scale_super", "offset_super"):
+            t = getattr(self, name)
+            same = next((moved[other] for other in moved if getattr(self, other) is t), None)  # Q6_K: one tensor
+            moved[name] = same if same is not None or t is None else \
+                t.reshape(N // 16, 16, -1).transpose(1, 2).contiguous().reshape(t.shape)
+        return replace(self, q=q, columns=True, **moved)
+
+    def row_major(self, t: torch.Tensor, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+        """The given rows of q or of a scale tensor, row-major whichever layout they are in."""
+        if not self.columns:
+            return t[rows]
+        N = t.shape[0]
+        index = torch.arange(N)[rows]
+        if t is self.q:
+            grid = t.reshape(N // 16, *self._runs()[:2], 16, 4)
+            return grid[index // 16, :, :, index % 16].reshape(len(index), t.shape[1])
+        return t.reshape(N // 16, -1, 16)[index // 16, :, index % 16]
+
+    def row_major_q(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+        """q's given rows in the row-major layout, whichever layout q is in."""
+        return self.row_major(self.q, rows)
+
     @property
     def tensors(self) -> tuple[torch.Tensor | None, ...]:
         return self.q, self.scale, self.offset, self.scale_super, self.offset_super
@@ -79,6 +115,15 @@ class Grouped:
     def nbytes(self) -> int:
         distinct = {t.data_ptr(): t.numel() * t.element_size() for t in self.tensors if t is not None}
         return sum(distinct.values())
+
+
+def for_kernels(g: Grouped) -> Grouped:
+    """g in the layout this machine's grouped products read: the columns layout where the kernels
+    chose VNNI for them (kernels/variants.py "grouped") and N is a multiple of 16, else g."""
+    N, K = g.shape
+    if g.columns or N % 16 or K % 32 or kernels_in_use().get("grouped") != "vnni":
+        return g
+    return g.in_columns()
 
 
 def _f16(b: np.ndarray) -> np.ndarray:

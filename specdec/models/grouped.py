@@ -21,7 +21,7 @@ from specdec.kernels import build, invariant
 from specdec.models.config import ModelConfig
 from specdec.models.exact import rows_alone
 from specdec.models.gguf import PERMUTED_ARCHITECTURES, GGUFFile, hf_config, unpermute_qk
-from specdec.models.gguf_blocks import GROUPED_FORMATS, Grouped, requantized_4bit, unpack
+from specdec.models.gguf_blocks import GROUPED_FORMATS, Grouped, for_kernels, requantized_4bit, unpack
 from specdec.models.llama import LlamaModel
 from specdec.models.rope import RopeTable, rope_inv_freq
 from specdec.models.stack import MAX_PARTS, LayerStack, kernel_takes
@@ -38,7 +38,7 @@ class GroupedLinear(nn.Module):
         super().__init__()
         if len({p.shape[1] for p in parts}) != 1:
             raise ValueError("fused projections need the same number of inputs")
-        self.parts = parts
+        self.parts = parts = [for_kernels(p) for p in parts]
         for i, part in enumerate(parts):  # buffers too, so that the model's memory counts them
             _register(self, f"part{i}", part)
         self.bias = None if bias is None else bias.to(torch.float32).contiguous()
@@ -61,7 +61,7 @@ class GroupedLinear(nn.Module):
         out = torch.empty(rows.shape[0], self.out_features, dtype=self.dtype)
         for part, bias, column in zip(self.parts, self.part_biases, self.columns):
             if invariant.linear_grouped(rows, part.q, part.scale, part.offset, part.group, bias, out, column,
-                                        part.bits, part.scale_super, part.offset_super) is None:
+                                        part.bits, part.scale_super, part.offset_super, part.columns) is None:
                 n = part.shape[0]
                 out[:, column:column + n] = rows_alone(lambda row, p=part, b=bias: self._dequantized_product(row, p, b),
                                                        rows)
@@ -85,7 +85,7 @@ def requantize_to_4bit(model: nn.Module) -> int:
         if isinstance(module, GroupedLinear):
             for i, part in enumerate(module.parts):
                 if part.bits == 8 and part.shape[1] % 32 == 0:
-                    smaller = requantized_4bit(part)
+                    smaller = for_kernels(requantized_4bit(part))
                     saved += part.nbytes - smaller.nbytes
                     module.parts[i] = smaller
                     _register(module, f"part{i}", smaller)
@@ -173,7 +173,7 @@ def load_grouped(g: GGUFFile, dtype: torch.dtype) -> LlamaModel:
     with torch.device("meta"):
         model = LlamaModel(config)
     model.rope = RopeTable(rope_inv_freq(config))
-    embedding = _grouped(g.path, tensors["token_embd.weight"])
+    embedding = for_kernels(_grouped(g.path, tensors["token_embd.weight"]))  # shared with a tied head
     model.model.embed_tokens = GroupedEmbedding(embedding, dtype)
     head = tensors.get("output.weight")
     model.lm_head = GroupedLinear([_grouped(g.path, head) if head is not None else embedding], None, dtype, split=False)

@@ -29,7 +29,7 @@ class Part(ctypes.Structure):
     _fields_ = [("q", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("offset", ctypes.c_void_p),
                 ("scale_super", ctypes.c_void_p), ("offset_super", ctypes.c_void_p), ("bias", ctypes.c_void_p),
                 ("rows", ctypes.c_int64), ("bits", ctypes.c_int64), ("is_signed", ctypes.c_int64),
-                ("group", ctypes.c_int64)]
+                ("group", ctypes.c_int64), ("columns", ctypes.c_int64)]
 
 
 class Projection(ctypes.Structure):
@@ -87,14 +87,15 @@ class LayerStack:
             self.keep.extend(t for t in (weight, bias) if t is not None)
             spec.count, spec.out = 1, weight.shape[0]
             spec.parts[0] = Part(weight.data_ptr(), None, None, None, None, address(bias), weight.shape[0],
-                                 DENSE_BITS[weight.dtype], 0, 0)
+                                 DENSE_BITS[weight.dtype], 0, 0, 0)
             return
         spec.count, spec.out = len(linear.parts), linear.out_features
         for i, (part, bias) in enumerate(zip(linear.parts, linear.part_biases)):
             self.keep.extend(t for t in (*part.tensors, bias) if t is not None)
             spec.parts[i] = Part(part.q.data_ptr(), part.scale.data_ptr(), address(part.offset),
                                  address(part.scale_super), address(part.offset_super), address(bias),
-                                 part.shape[0], part.bits, int(part.q.dtype == torch.int8), part.group)
+                                 part.shape[0], part.bits, int(part.q.dtype == torch.int8), part.group,
+                                 int(part.columns))
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, rope, keys: list[torch.Tensor],
                  values: list[torch.Tensor], base: list[int], write: list[int], count: list[int] | torch.Tensor,
@@ -171,7 +172,7 @@ def kernel_takes(part: Grouped) -> bool:
     """Whether rows.cpp multiplies this layout (one probe row)."""
     x = torch.zeros(1, part.shape[1])
     return invariant.linear_grouped(x, part.q, part.scale, part.offset, part.group, None, None, 0, part.bits,
-                                    part.scale_super, part.offset_super) is not None
+                                    part.scale_super, part.offset_super, part.columns) is not None
 
 
 # Pass widths timed when choosing where fast passes run; a width runs as the smallest class that

@@ -15,7 +15,7 @@ from specdec.models.grouped import GroupedLinear
 def grouped_rows(g: Grouped, rows: torch.Tensor) -> Grouped:
     """The given output rows of a grouped weight (copies)."""
     def pick(t):
-        return None if t is None else t.index_select(0, rows).contiguous()
+        return None if t is None else g.row_major(t, rows).contiguous()
     scale = pick(g.scale)
     offset = scale if g.offset is g.scale else pick(g.offset)  # Q6_K: one tensor for both
     return Grouped(pick(g.q), scale, offset, g.group, g.bits, pick(g.scale_super), pick(g.offset_super))
