@@ -1,6 +1,7 @@
 """ms per target pass over T tokens (cache prefilled with 200 tokens), for several runtime
-variants: "default", "int8-grouped", "int4-grouped" as `specdec generate` loads them (--dtype,
---quantize: the one-call stack of batch-invariant kernels where it applies); projections
+variants: "default", "int8-grouped", "int4-grouped", "gguf" (a GGUF's own blocks) as `specdec
+generate` loads them (--dtype, --quantize: the one-call stack of batch-invariant kernels where it
+applies); projections
 unfused, fused, fused + packed for oneDNN (PyTorch's layers), fused + PyTorch's weight-only int8
 / int4, and the layers compiled by inductor ("compiled", "int8-compiled", "int4-compiled": fast
 kernels only);
@@ -11,6 +12,7 @@ columns are the cost curve speculation lives on; T=256 is a prefill chunk.
     python scripts/pass_costs.py smollm2 bfloat16 2 default-exact,int8-grouped-exact,int4-grouped-exact
     python scripts/pass_costs.py smollm2 bfloat16 2 fused,packed,fused-exact,packed-exact
     python scripts/pass_costs.py smollm2 bfloat16 2 packed,compiled
+    SPECDEC_GROUPED_KERNEL=vnni python scripts/pass_costs.py qwen-coder bfloat16 2 gguf-exact
     python scripts/pass_costs.py smollm2 bfloat16 2 int8,int8-compiled,int4-compiled
 """
 import sys
@@ -28,6 +30,8 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 256)
 
 def make_runner(source, dtype: str, variant: str) -> NativeRunner:
     variant = variant.removesuffix("-exact")
+    if variant == "gguf":
+        return load_runner(source.path, dtype, quantize="gguf")
     if variant in ("default", "int8-grouped", "int4-grouped"):
         return load_runner(source.path, dtype, quantize=None if variant == "default" else variant[:4])
     quantize, compiled = variant.removesuffix("-compiled"), variant.endswith("compiled")
