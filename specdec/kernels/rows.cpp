@@ -671,9 +671,7 @@ int grouped_columns_kernel = 0;  // 1 where this build has the AVX-512 VNNI code
 #ifdef SPECDEC_AMX
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
-#ifndef PREFETCH
-#define PREFETCH 2048
-#endif
+constexpr int64_t GROUPED_PREFETCH = 2048;  // bytes ahead in the weights' run (vnni_glinear)
 
 // Block blk's 16 outputs' scales (or offsets) of group g side by side: the columns layout keeps
 // them so ([N / 16][K / G][16], supers [N / 16][K / S][16]); two levels: float(int8) * super
@@ -700,61 +698,61 @@ VNNI_TARGET void vnni_glinear(const QuantizedRows& xr, const uint8_t* w, const G
         xsum_q[i] = v;
     }
     #pragma omp parallel for schedule(static)
-        for (int64_t blk = 0; blk < blocks; ++blk) {
-            const int64_t n0 = blk * 16;
-            const uint8_t* wb = w + n0 * ldw;
-            for (int64_t m0 = 0; m0 < M; m0 += 8) {  // 8 rows' sums and a group's weights within 32 registers
-                const int R = int(std::min<int64_t>(8, M - m0));
-                __m512 acc[8];
-                for (int j = 0; j < 8; ++j) acc[j] = _mm512_setzero_ps();
-                for (int64_t g = 0; g < KG; ++g) {
-                    const uint8_t* wc = wb + g * GB * 16;
-                    // the weights stream as one run (a thread's blocks follow each other): PREFETCH
-                    // bytes ahead, within L1 however long a row (a block ahead overflowed it at K = 8960)
-                    for (int k = 0; k < GB / 4; ++k)
-                        _mm_prefetch(reinterpret_cast<const char*>(wc + PREFETCH + 64 * k), _MM_HINT_T0);
-                    __m512i col[P];
-                    if constexpr (NIB) {
-                        const __m512i low = _mm512_set1_epi8(0x0F);
-                        for (int j = 0; j < 4; ++j) {
-                            const __m512i t = _mm512_loadu_si512(wc + 64 * j);
-                            col[j] = _mm512_and_si512(t, low);
-                            col[4 + j] = _mm512_and_si512(_mm512_srli_epi16(t, 4), low);
-                        }
-                    } else {
-                        for (int p = 0; p < P; ++p) col[p] = _mm512_loadu_si512(wc + 64 * p);
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t n0 = blk * 16;
+        const uint8_t* wb = w + n0 * ldw;
+        for (int64_t m0 = 0; m0 < M; m0 += 8) {  // 8 rows' sums and a group's weights within 32 registers
+            const int R = int(std::min<int64_t>(8, M - m0));
+            __m512 acc[8];
+            for (int j = 0; j < 8; ++j) acc[j] = _mm512_setzero_ps();
+            for (int64_t g = 0; g < KG; ++g) {
+                const uint8_t* wc = wb + g * GB * 16;
+                // the weights stream as one run (a thread's blocks follow each other): GROUPED_PREFETCH
+                // bytes ahead, within L1 however long a row (a block ahead overflowed it at K = 8960)
+                for (int k = 0; k < GB / 4; ++k)
+                    _mm_prefetch(reinterpret_cast<const char*>(wc + GROUPED_PREFETCH + 64 * k), _MM_HINT_T0);
+                __m512i col[P];
+                if constexpr (NIB) {
+                    const __m512i low = _mm512_set1_epi8(0x0F);
+                    for (int j = 0; j < 4; ++j) {
+                        const __m512i t = _mm512_loadu_si512(wc + 64 * j);
+                        col[j] = _mm512_and_si512(t, low);
+                        col[4 + j] = _mm512_and_si512(_mm512_srli_epi16(t, 4), low);
                     }
-                    if constexpr (SIGNED)
-                        for (int p = 0; p < P; ++p) col[p] = _mm512_xor_si512(col[p], _mm512_set1_epi8(char(0x80)));
-                    const __m512 f = group_factors<G, S>(gs.scale, gs.scale_super, blk, g, KG, KS);
-                    const __m512 o = OFF ? group_factors<G, S>(gs.offset, gs.offset_super, blk, g, KG, KS)
-                                         : _mm512_setzero_ps();
-                    for (int j = 0; j < R; ++j) {
-                        const int64_t m = m0 + j;
-                        const int8_t* xg = xr.q.data() + m * K + g * G;
-                        // two chains of steps (half the latency), added: exact integers either way
-                        __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
-                        for (int p = 0; p < P; p += 2) {
-                            int32_t four[2];
-                            memcpy(four, xg + 4 * p, 8);
-                            even = _mm512_dpbusd_epi32(even, col[p], _mm512_set1_epi32(four[0]));
-                            odd = _mm512_dpbusd_epi32(odd, col[p + 1], _mm512_set1_epi32(four[1]));
-                        }
-                        __m512i dot = _mm512_add_epi32(even, odd);
-                        if constexpr (SIGNED) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * xsum_q[m * KG + g]));
-                        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
-                                                 _mm512_mul_ps(f, _mm512_set1_ps(xr.d[m * KB + g * G / 32])), acc[j]);
-                        if constexpr (OFF)
-                            acc[j] = _mm512_fmadd_ps(o, _mm512_set1_ps(xr.sums[m * KG + g]), acc[j]);
-                    }
+                } else {
+                    for (int p = 0; p < P; ++p) col[p] = _mm512_loadu_si512(wc + 64 * p);
                 }
-                alignas(64) float out[16];
+                if constexpr (SIGNED)
+                    for (int p = 0; p < P; ++p) col[p] = _mm512_xor_si512(col[p], _mm512_set1_epi8(char(0x80)));
+                const __m512 f = group_factors<G, S>(gs.scale, gs.scale_super, blk, g, KG, KS);
+                const __m512 o = OFF ? group_factors<G, S>(gs.offset, gs.offset_super, blk, g, KG, KS)
+                                     : _mm512_setzero_ps();
                 for (int j = 0; j < R; ++j) {
-                    _mm512_store_ps(out, bias ? _mm512_add_ps(acc[j], _mm512_loadu_ps(bias + n0)) : acc[j]);
-                    for (int i = 0; i < 16; ++i) store(y + (m0 + j) * ldy + n0 + i, out[i]);
+                    const int64_t m = m0 + j;
+                    const int8_t* xg = xr.q.data() + m * K + g * G;
+                    // two chains of steps (half the latency), added: exact integers either way
+                    __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+                    for (int p = 0; p < P; p += 2) {
+                        int32_t four[2];
+                        memcpy(four, xg + 4 * p, 8);
+                        even = _mm512_dpbusd_epi32(even, col[p], _mm512_set1_epi32(four[0]));
+                        odd = _mm512_dpbusd_epi32(odd, col[p + 1], _mm512_set1_epi32(four[1]));
+                    }
+                    __m512i dot = _mm512_add_epi32(even, odd);
+                    if constexpr (SIGNED) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * xsum_q[m * KG + g]));
+                    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                             _mm512_mul_ps(f, _mm512_set1_ps(xr.d[m * KB + g * G / 32])), acc[j]);
+                    if constexpr (OFF)
+                        acc[j] = _mm512_fmadd_ps(o, _mm512_set1_ps(xr.sums[m * KG + g]), acc[j]);
                 }
             }
+            alignas(64) float out[16];
+            for (int j = 0; j < R; ++j) {
+                _mm512_store_ps(out, bias ? _mm512_add_ps(acc[j], _mm512_loadu_ps(bias + n0)) : acc[j]);
+                for (int i = 0; i < 16; ++i) store(y + (m0 + j) * ldy + n0 + i, out[i]);
+            }
         }
+    }
 }
 #endif
 
