@@ -2,7 +2,8 @@
 // whatever the number of rows in the call and whatever the other rows hold, so a row scored
 // in a K-token verify pass gets exactly the bits of a 1-token pass (exact mode by construction,
 // no probing of another library's kernels). Compiled on the user's machine (build.py); AVX2 + FMA,
-// and AMX tiles for bfloat16 products where the CPU has them and they measured faster (see amx_linear).
+// AMX tiles for bfloat16 products and AVX-512 VNNI for grouped weights where the CPU has them and
+// they measured faster (see amx_linear, vnni_glinear).
 //
 // Products: y[m, n] = sum_k x[m, k] * w[n, k], x in float32 or bfloat16 (converted to float32,
 // exactly), w in bfloat16 / float32 / int8 (one scale per output row). Each (m, n) keeps one
@@ -669,7 +670,7 @@ void glinear(const void* x, bool x_bf16, const uint8_t* w, const GroupScales& gs
 int grouped_columns_kernel = 0;  // 1 where this build has the AVX-512 VNNI code and load() chose it
 
 #ifdef SPECDEC_AMX
-#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
 constexpr int64_t GROUPED_PREFETCH = 2048;  // bytes ahead in the weights' run (vnni_glinear)
 

@@ -71,9 +71,8 @@ def _grouped_pass(lib: ctypes.CDLL, kernel: str) -> Callable[[int], float]:
         def run() -> None:
             for w in weights:
                 lib.linear_grouped(x.data_ptr(), 1, w.data_ptr(), int(kernel == "vnni"), 4, 0, scale.data_ptr(),
-                                   offset.data_ptr(),
-                                   scale_super.data_ptr(), offset_super.data_ptr(), G, None, y.data_ptr(), 1,
-                                   N, M, N, K)
+                                   offset.data_ptr(), scale_super.data_ptr(), offset_super.data_ptr(), G, None,
+                                   y.data_ptr(), 1, N, M, N, K)
         return _seconds(run)
     return seconds
 
