@@ -2,8 +2,10 @@
 dequantized weights, the rebuilt tokenizer against the original, llama.cpp's layout checked by an
 independent reader (transformers' GGUF loader), bad files, and SmolLM2 when it is installed."""
 import importlib.metadata
+import os
 import random
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -100,7 +102,7 @@ def test_gguf_metadata_follows_llama_cpp(bundled_gguf):
     assert meta["llama.attention.head_count_kv"] == 1 and meta["llama.rope.dimension_count"] == 64
     assert "output.weight" not in g.tensor_names  # tied embeddings
     hf = load_file(str(DEFAULT_TARGET / "model.safetensors"))
-    tensors = {t.name: t for t in g.reader.tensors}
+    tensors = {t.name: t for t in g.tensors}
     for name, heads in (("attn_q", 5), ("attn_k", 1)):
         hf_w = hf[f"model.layers.0.self_attn.{name[-1]}_proj.weight"].float()
         file_w = torch.from_numpy(np.array(tensors[f"blk.0.{name}.weight"].data)).reshape(hf_w.shape)
@@ -208,6 +210,37 @@ def test_architectures_round_trip_and_read_in_transformers(model_type, tmp_path)
     assert torch.allclose(logits(hf, IDS).logits, want, atol=1e-4)
 
 
+def test_a_slow_header_is_remembered_and_read_back_until_the_file_changes(tiny_dir, tmp_path, monkeypatch):
+    """gguf's reader takes ~17 s on a 152k vocabulary: the header it parsed is kept as JSON and
+    read back (the reader not called) while the file's size and time are the same."""
+    from specdec.models import gguf as gguf_module
+    from specdec.models import gguf_header
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_header, "REMEMBER_AFTER_SECONDS", 0.0)  # this small file parses fast
+    path = write_from(tiny_dir, tmp_path / "q.gguf", "q8_0")
+    gguf_module.release_readers()
+    first = gguf_module.open_gguf(path)
+    weights = load_native(path).state_dict()
+    assert len(list(gguf_header.headers_dir().glob("q-*.json"))) == 1
+    gguf_module.release_readers()
+
+    def no_reader(*args, **kwargs):
+        raise AssertionError("the remembered header should have been read")
+
+    monkeypatch.setattr(gguf, "GGUFReader", no_reader)
+    again = gguf_module.open_gguf(path)
+    assert again.metadata == first.metadata and again.tensors == first.tensors
+    assert all(np.array_equal(a.data, b.data) and a.data.dtype == b.data.dtype
+               for a, b in zip(again.tensors, first.tensors))
+    assert all(torch.equal(w, weights[name]) for name, w in load_native(path).state_dict().items())
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))  # the file changed: parsed again
+    gguf_module.release_readers()
+    with pytest.raises(SpecdecError, match="not a readable GGUF"):
+        gguf_module.open_gguf(path)
+    gguf_module.release_readers()
+
+
 @pytest.mark.parametrize("outtype", ["q8_0", "q4_0", "q4_1", "f16", "bf16"])
 def test_quantized_gguf_matches_its_dequantized_weights(tiny_dir, tmp_path, outtype):
     """Reference: the folder's weights quantized and dequantized by gguf in Hugging Face row
@@ -216,7 +249,7 @@ def test_quantized_gguf_matches_its_dequantized_weights(tiny_dir, tmp_path, outt
 
     path = write_from(tiny_dir, tmp_path / "q.gguf", outtype)
     kind = gguf.GGMLQuantizationType[outtype.upper()]
-    types = {t.name: t.tensor_type for t in open_model(path).gguf_file.reader.tensors}
+    types = {t.name: t.tensor_type for t in open_model(path).gguf_file.tensors}
     assert types["blk.0.attn_q.weight"] == kind and types["blk.0.attn_norm.weight"].name == "F32"
     reference = load_native(tiny_dir)
     exact = logits(reference, IDS)
@@ -253,11 +286,12 @@ def test_k_quant_tensors_load_as_gguf_dequantizes_them(tiny_dir, tmp_path, kind)
                            "lm_head.weight": torch.zeros(rows, block)}, tok, tok_cfg, (0,))
     # rewrite with the embedding as raw K-quant blocks
     g = open_model(path).gguf_file
+    fields = gguf.GGUFReader(str(path)).fields
     w = gguf.GGUFWriter(str(tmp_path / "k2.gguf"), "llama")
     for key, value in g.metadata.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
-        field = g.reader.fields[key]
+        field = fields[key]
         w.add_key_value(key, value, field.types[0], sub_type=field.types[-1] if len(field.types) > 1 else None)
     w.add_tensor("token_embd.weight", raw, raw_dtype=qtype)
     w.add_tensor("output_norm.weight", np.ones(block, np.float32))
@@ -311,12 +345,13 @@ def test_unsupported_architecture_names_it(tmp_path):
 def test_unsupported_tensor_type_names_it(tiny_dir, tmp_path):
     path = write_from(tiny_dir, tmp_path / "q5.gguf")
     g = open_model(path).gguf_file
+    fields = gguf.GGUFReader(str(path)).fields
     out = gguf.GGUFWriter(str(tmp_path / "q5_0.gguf"), "llama")
     for key, value in g.metadata.items():
         if not key.startswith("GGUF.") and key != "general.architecture":
-            field = g.reader.fields[key]
+            field = fields[key]
             out.add_key_value(key, value, field.types[0], sub_type=field.types[-1] if len(field.types) > 1 else None)
-    for t in g.reader.tensors:
+    for t in g.tensors:
         data = np.array(t.data)
         if t.name == "blk.0.ffn_up.weight":
             out.add_tensor(t.name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q5_0),

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import specdec
+from specdec.engine.loading import load_runner
 from specdec.errors import SpecdecError
 from specdec.kernels import build, invariant
 from specdec.models import bundled
@@ -201,6 +202,23 @@ def test_the_one_call_stack_is_the_layers_rows_and_each_row_alone(tiny_quantized
     assert torch.equal(rows[0], alone)
     runner.reset()
     assert torch.equal(rows[2], runner.extend(ids[:14])[12:])
+
+
+def test_a_draft_read_in_4_bits_is_its_byte_a_value_parts_rounded(tiny_quantized):
+    """Rounded as each tensor is read (the byte-a-value model never held whole): the same
+    weights as rounding the loaded model's parts; the embedding's lookups keep the file's."""
+    g = open_model(tiny_quantized).gguf_file
+    whole, small = load_grouped(g, torch.float32), load_grouped(g, torch.float32, four_bit=True)
+
+    def parts(model):
+        return [p for m in model.modules() if isinstance(m, GroupedLinear) for p in m.parts]
+
+    assert all(p.bits == 8 for p in parts(whole)) and all(p.bits == 4 for p in parts(small))
+    for full, rounded in zip(parts(whole), parts(small), strict=True):
+        assert torch.equal(rounded.dequantized(), requantized_4bit(full).dequantized())
+    assert small.model.embed_tokens.table.bits == 8
+    with pytest.raises(SpecdecError, match="--draft-4bit needs"):
+        load_runner(tiny_quantized, "float32", quantize="int8", four_bit=True)
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])

@@ -11,7 +11,7 @@ from specdec.engine.core import Engine
 from specdec.engine.loading import (
     cut_draft_head,
     default_exact,
-    draft_to_4bit,
+    draft_in_4bit,
     eos_token_ids,
     head_proposer,
     load_runner,
@@ -182,7 +182,7 @@ def load_config(config: DecoderConfig) -> SpecDecoder:
                                 c.compile)
     tokenizer = TextTokenizer(target_path)
     target_eos = eos_token_ids(target_path)
-    release_readers()  # the target's parsed GGUF is no longer needed: ~0.5-0.8 GB for a 152k vocabulary
+    release_readers()  # the target's GGUF header is no longer needed (~20 MB for a 152k vocabulary)
     draft_path = None
     proposer = None
     if c.method == "draft":
@@ -190,11 +190,14 @@ def load_config(config: DecoderConfig) -> SpecDecoder:
         if draft_path is None:
             raise SpecdecError("method 'draft' needs a draft model (--draft DIR): none is shipped for "
                                "this target")
-        draft_runner = load_runner(draft_path, c.dtype, c.backend, target_runner.max_len, quantize, c.group_size,
-                                   c.pack, c.compile)
         draft_tokenizer = TextTokenizer(draft_path)
+        same_vocabulary = same_tokenizer(draft_tokenizer.tok, tokenizer.tok)
+        # rounded as each tensor is read: the draft's byte-a-value form never held whole (peak memory)
+        four_bit = same_vocabulary and draft_in_4bit(c.draft_4bit, quantize)
+        draft_runner = load_runner(draft_path, c.dtype, c.backend, target_runner.max_len, quantize, c.group_size,
+                                   c.pack, c.compile, four_bit)
         release_readers()
-        if not same_tokenizer(draft_tokenizer.tok, tokenizer.tok):  # another vocabulary: proposers/cross_vocab.py
+        if not same_vocabulary:  # another vocabulary: proposers/cross_vocab.py
             lookup = c.tree_lookup is not False and target_runner.supports_tree
             proposer = cross_vocab_proposer(draft_runner, draft_tokenizer.tok, tokenizer.tok,
                                             target_runner.vocab_size, c.cross_vocab, lookup)
@@ -202,7 +205,6 @@ def load_config(config: DecoderConfig) -> SpecDecoder:
             raise SpecdecError(f"draft vocabulary size {draft_runner.vocab_size} differs from the "
                                f"target's {target_runner.vocab_size} although their tokenizers are the same")
         else:
-            draft_to_4bit(draft_runner, c.draft_4bit)
             cut_draft_head(draft_runner, draft_tokenizer.tok, c.draft_vocab)
             lookup = bool(c.tree_lookup) and target_runner.supports_tree
             proposer = DraftModelProposer(draft_runner, c.reuse_prefix, lookup)

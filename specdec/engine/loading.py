@@ -11,20 +11,24 @@ from specdec.errors import SpecdecError
 from specdec.models.checkpoint import load_native, open_model, parse_dtype
 from specdec.models.config import SUPPORTED_MODEL_TYPES
 from specdec.models.group_quant import group_quantizable, group_quantize_model
-from specdec.models.grouped import GroupedLinear, requantize_to_4bit
+from specdec.models.grouped import GroupedLinear
 from specdec.models.quant import DEFAULT_GROUP_SIZE, LOAD_MODES, quantize_model
 from specdec.models.runner import NativeRunner
 
 
 def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: int | None = None,
                 quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE, pack: bool = True,
-                compile: bool = False):
+                compile: bool = False, four_bit: bool = False):
     """A runner for a model folder, a .gguf file (or a folder holding one) or a short name;
     quantize: "int8" or "int4" weights (native runtime: on the grouped kernels where they apply,
     models/group_quant.py, else PyTorch's weight-only kernels, models/quant.py, as with compile), or
     "gguf": a GGUF's own quantized blocks, never dequantized to a float copy (models/grouped.py);
     pack: projection weights packed once for oneDNN (models/packed.py); compile: fast passes
-    compiled by inductor, embedding to logits (native runtime, models/compiled.py)."""
+    compiled by inductor, embedding to logits (native runtime, models/compiled.py); four_bit
+    (with "gguf", for a draft model): projections stored a value a byte rounded to 4 bits as
+    they are read (models/grouped.py)."""
+    if four_bit and quantize != "gguf":
+        raise SpecdecError("--draft-4bit needs a draft model on a GGUF's own blocks (--quantize gguf)")
     if quantize is not None and quantize not in LOAD_MODES:
         raise SpecdecError(f"unknown quantization {quantize!r}; choose from {', '.join(LOAD_MODES)}")
     if backend not in ("auto", "native", "transformers"):
@@ -47,7 +51,7 @@ def load_runner(folder: str | Path, dtype: str, backend: str = "auto", max_len: 
             raise SpecdecError("--quantize gguf runs on its own kernels; drop --compile")
         from specdec.models.grouped import load_grouped
 
-        return NativeRunner(load_grouped(source.gguf_file, parse_dtype(dtype)), max_len, pack=False)
+        return NativeRunner(load_grouped(source.gguf_file, parse_dtype(dtype), four_bit), max_len, pack=False)
     native = backend == "native" or (backend == "auto" and source.config().get("model_type") in SUPPORTED_MODEL_TYPES)
     if source.is_gguf or native:
         model = load_native(source, dtype).fuse_projections()
@@ -108,16 +112,11 @@ def head_proposer(method: str, folder: Path, target_runner, tree_nodes: int | No
     return EagleProposer(head, model.model.embed_tokens, model.lm_head, target_runner.max_len, shape, lookup)
 
 
-def draft_to_4bit(runner, on: bool | None) -> None:
-    """Round a GGUF draft's one-value-a-byte projections to 4 bits (None: on for a draft on a
-    GGUF's blocks): fewer bytes a draft pass; lossless, as any draft."""
-    grouped = isinstance(getattr(getattr(runner, "model", None), "lm_head", None), GroupedLinear)
-    if on is None:
-        on = grouped
-    if on and not grouped:
-        raise SpecdecError("--draft-4bit needs a draft model on a GGUF's own blocks (--quantize gguf)")
-    if on:
-        requantize_to_4bit(runner.model)
+def draft_in_4bit(option: bool | None, quantize: str | None) -> bool:
+    """Whether a same-vocabulary draft model loads with its byte-a-value projections rounded to
+    4 bits (--draft-4bit; None: on for a draft on a GGUF's blocks): fewer bytes a draft pass;
+    lossless, as any draft."""
+    return quantize == "gguf" if option is None else option
 
 
 def cut_draft_head(runner, tokenizer, rows: int) -> None:

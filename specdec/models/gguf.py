@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.models.gguf_header import TensorInfo, read_header
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")  # Mistral models are stored as "llama" in GGUF
 # convert_hf_to_gguf.py interleaves the Q/K rows of these (llama.cpp's "normal" rope layout);
@@ -40,7 +41,7 @@ LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layer
 @dataclass
 class GGUFFile:
     path: Path
-    reader: Any  # gguf.GGUFReader (memory-maps the file; tensors are read on demand)
+    tensors: list[TensorInfo]  # the directory; each tensor memory-mapped on demand
     metadata: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -49,7 +50,7 @@ class GGUFFile:
 
     @property
     def tensor_names(self) -> set[str]:
-        return {t.name for t in self.reader.tensors}
+        return {t.name for t in self.tensors}
 
 
 def find_gguf(path: Path) -> Path | None:
@@ -72,7 +73,8 @@ def _has_gguf_magic(path: Path) -> bool:
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
-    """Parse a GGUF's header (cached per file version: the reader costs seconds on a 50k vocab)."""
+    """Parse a GGUF's header (cached per file version, in the process and on disk: gguf's reader
+    costs seconds on a 50k vocabulary, ~17 s on a 152k one; gguf_header.py)."""
     path = Path(path).resolve()
     st = path.stat()
     return _open_cached(str(path), st.st_size, st.st_mtime_ns)
@@ -82,21 +84,23 @@ def open_gguf(path: str | Path) -> GGUFFile:
 def _open_cached(path: str, size: int, mtime_ns: int) -> GGUFFile:
     from specdec.extras import require
 
-    GGUFReader = require("gguf", "gguf", "reading GGUF files").GGUFReader
+    require("gguf", "gguf", "reading GGUF files")
     try:
-        reader = GGUFReader(path)
-        metadata = {name: _field_value(f) for name, f in reader.fields.items()}
+        metadata, tensors = read_header(Path(path), size, mtime_ns, _field_values)
     except Exception as e:  # a parse boundary: any failure means the file is not a valid GGUF
         raise SpecdecError(f"{path!r} is not a readable GGUF file (truncated or corrupt?): "
                            f"{type(e).__name__}: {e}") from None
-    return GGUFFile(Path(path), reader, metadata)
+    return GGUFFile(Path(path), tensors, metadata)
 
 
 def release_readers() -> None:
-    """Forget the parsed GGUF files (a model built from one no longer needs it). The gguf
-    package's reader of a file with a 152k-token vocabulary holds ~0.5-0.8 GB of Python objects;
-    a later open_gguf parses the file again."""
+    """Forget the parsed GGUF files (a model built from one no longer needs it: a 152k-token
+    vocabulary is ~20 MB of Python strings); a later open_gguf reads the header again."""
     _open_cached.cache_clear()
+
+
+def _field_values(fields) -> dict[str, Any]:
+    return {name: _field_value(f) for name, f in fields.items()}
 
 
 def _field_value(f) -> Any:
@@ -211,7 +215,7 @@ def load_state_dict(g: GGUFFile) -> dict[str, torch.Tensor]:
     cfg = hf_config(g)
     heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}
     state = {}
-    for tensor in g.reader.tensors:
+    for tensor in g.tensors:
         name = native_name(tensor.name)
         w = dequantize(tensor)
         kind = tensor.name.split(".")[-2]

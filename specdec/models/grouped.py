@@ -77,23 +77,6 @@ class GroupedLinear(nn.Module):
         return sum(p.nbytes for p in self.parts)
 
 
-def requantize_to_4bit(model: nn.Module) -> int:
-    """Every projection part stored a value a byte (Q5_0, Q8_0, Q6_K...) rounded to 4 bits
-    (gguf_blocks.requantized_4bit), in place; for a draft model. Returns the bytes saved."""
-    saved = 0
-    for module in model.modules():
-        if isinstance(module, GroupedLinear):
-            for i, part in enumerate(module.parts):
-                if part.bits == 8 and part.shape[1] % 32 == 0:
-                    smaller = for_kernels(requantized_4bit(part))
-                    saved += part.nbytes - smaller.nbytes
-                    module.parts[i] = smaller
-                    _register(module, f"part{i}", smaller)
-    if isinstance(model, LlamaModel) and model.stack is not None:  # it holds the old parts' addresses
-        model.stack = grouped_stack(model)
-    return saved
-
-
 def grouped_stack(model) -> LayerStack | None:
     """The one-call stack for a model on GGUF blocks, or None where it does not apply (the
     kernels unavailable, another dtype, a projection the kernels cannot multiply)."""
@@ -152,13 +135,15 @@ def _float(tensor, dtype: torch.dtype) -> torch.Tensor:
     return dequantize(tensor).to(dtype)
 
 
-def load_grouped(g: GGUFFile, dtype: torch.dtype) -> LlamaModel:
+def load_grouped(g: GGUFFile, dtype: torch.dtype, four_bit: bool = False) -> LlamaModel:
     """A LlamaModel whose projections and embedding keep the GGUF's quantized blocks; norms and
-    biases in `dtype` (float32 for the biases, which the kernel adds before its one rounding)."""
+    biases in `dtype` (float32 for the biases, which the kernel adds before its one rounding).
+    four_bit (a draft model): projections stored a value a byte (Q5_0, Q8_0, Q6_K) rounded to 4
+    bits as each is read (gguf_blocks.requantized_4bit); the embedding's lookups keep the file's."""
     if dtype not in (torch.bfloat16, torch.float32):
         raise SpecdecError(f"--quantize gguf runs in bfloat16 or float32, not {dtype}")
     config = ModelConfig.from_hf_dict(hf_config(g))
-    tensors = {t.name: t for t in g.reader.tensors}
+    tensors = {t.name: t for t in g.tensors}
     heads = {"q": config.num_attention_heads, "k": config.num_key_value_heads}
 
     def projection(name: str) -> Grouped:
@@ -168,7 +153,10 @@ def load_grouped(g: GGUFFile, dtype: torch.dtype) -> LlamaModel:
             q, scale, offset, scale_super, offset_super = (None if t is None else unpermute_qk(t, heads[kind])
                                                            for t in part.tensors)
             part = Grouped(q, scale, offset, part.group, part.bits, scale_super, offset_super)
-        return part
+        return smaller(part)
+
+    def smaller(part: Grouped) -> Grouped:
+        return requantized_4bit(part) if four_bit and part.bits == 8 and part.shape[1] % 32 == 0 else part
 
     with torch.device("meta"):
         model = LlamaModel(config)
@@ -176,7 +164,8 @@ def load_grouped(g: GGUFFile, dtype: torch.dtype) -> LlamaModel:
     embedding = for_kernels(_grouped(g.path, tensors["token_embd.weight"]))  # shared with a tied head
     model.model.embed_tokens = GroupedEmbedding(embedding, dtype)
     head = tensors.get("output.weight")
-    model.lm_head = GroupedLinear([_grouped(g.path, head) if head is not None else embedding], None, dtype, split=False)
+    model.lm_head = GroupedLinear([smaller(_grouped(g.path, head) if head is not None else embedding)], None, dtype,
+                                  split=False)
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
         name = f"blk.{i}."
