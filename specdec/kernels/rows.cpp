@@ -684,73 +684,87 @@ VNNI_TARGET inline __m512 group_factors(const void* level, const float* super, i
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)),
                          _mm512_loadu_ps(super + (blk * KS + g * G / S) * 16));
 }
+// R rows from m0 of block blk's 16 outputs: R a constant, so the sums stay in registers (a
+// runtime count kept them on the stack, a store and a load a group and row)
+template <int G, bool NIB, bool SIGNED, bool OFF, int S, int R, class Y>
+VNNI_TARGET inline void vnni_rows(const QuantizedRows& xr, const int32_t* xsum_q, const uint8_t* wb,
+                                  const GroupScales& gs, const float* bias, Y* y, int64_t ldy, int64_t m0,
+                                  int64_t blk, int64_t K) {
+    constexpr int64_t GB = NIB ? G / 2 : G;  // weight bytes of a group and output
+    constexpr int P = G / 4;
+    const int64_t KG = K / G, KB = K / 32, KS = S > 0 ? K / S : 0, n0 = blk * 16;
+    __m512 acc[R];
+    for (int j = 0; j < R; ++j) acc[j] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < KG; ++g) {
+        const uint8_t* wc = wb + g * GB * 16;
+        // the weights stream as one run (a thread's blocks follow each other): GROUPED_PREFETCH
+        // bytes ahead, within L1 however long a row (a block ahead overflowed it at K = 8960)
+        for (int k = 0; k < GB / 4; ++k)
+            _mm_prefetch(reinterpret_cast<const char*>(wc + GROUPED_PREFETCH + 64 * k), _MM_HINT_T0);
+        __m512i col[P];
+        if constexpr (NIB) {
+            const __m512i low = _mm512_set1_epi8(0x0F);
+            for (int j = 0; j < 4; ++j) {
+                const __m512i t = _mm512_loadu_si512(wc + 64 * j);
+                col[j] = _mm512_and_si512(t, low);
+                col[4 + j] = _mm512_and_si512(_mm512_srli_epi16(t, 4), low);
+            }
+        } else {
+            for (int p = 0; p < P; ++p) col[p] = _mm512_loadu_si512(wc + 64 * p);
+        }
+        if constexpr (SIGNED)
+            for (int p = 0; p < P; ++p) col[p] = _mm512_xor_si512(col[p], _mm512_set1_epi8(char(0x80)));
+        const __m512 f = group_factors<G, S>(gs.scale, gs.scale_super, blk, g, KG, KS);
+        const __m512 o = OFF ? group_factors<G, S>(gs.offset, gs.offset_super, blk, g, KG, KS) : _mm512_setzero_ps();
+        for (int j = 0; j < R; ++j) {
+            const int64_t m = m0 + j;
+            const int8_t* xg = xr.q.data() + m * K + g * G;
+            // two chains of steps (half the latency), added: exact integers either way; each 4
+            // inputs broadcast straight from memory (through a general register they queued on
+            // the shuffle port)
+            __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+            for (int p = 0; p < P; p += 2) {
+                even = _mm512_dpbusd_epi32(even, col[p], _mm512_broadcastd_epi32(_mm_loadu_si32(xg + 4 * p)));
+                odd = _mm512_dpbusd_epi32(odd, col[p + 1], _mm512_broadcastd_epi32(_mm_loadu_si32(xg + 4 * p + 4)));
+            }
+            __m512i dot = _mm512_add_epi32(even, odd);
+            if constexpr (SIGNED) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * xsum_q[m * KG + g]));
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(f, _mm512_set1_ps(xr.d[m * KB + g * G / 32])),
+                                     acc[j]);
+            if constexpr (OFF) acc[j] = _mm512_fmadd_ps(o, _mm512_set1_ps(xr.sums[m * KG + g]), acc[j]);
+        }
+    }
+    alignas(64) float out[16];
+    for (int j = 0; j < R; ++j) {
+        _mm512_store_ps(out, bias ? _mm512_add_ps(acc[j], _mm512_loadu_ps(bias + n0)) : acc[j]);
+        for (int i = 0; i < 16; ++i) store(y + (m0 + j) * ldy + n0 + i, out[i]);
+    }
+}
+
 // Columns [0, N) (N % 16 == 0) of y, x already quantized (xr: q [M, K], d [M, K / 32], sums [M, K / G])
 template <int G, bool NIB, bool SIGNED, bool OFF, int S, class Y>
 VNNI_TARGET void vnni_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs, const float* bias,
                               Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
     static_assert(!NIB || G == 32, "4-bit weights come in groups of 32");
-    constexpr int64_t GB = NIB ? G / 2 : G;  // weight bytes of a group and output
-    constexpr int P = G / 4;
-    const int64_t KG = K / G, KB = K / 32, KS = S > 0 ? K / S : 0, ldw = NIB ? K / 2 : K, blocks = N / 16;
+    const int64_t KG = K / G, ldw = NIB ? K / 2 : K, blocks = N / 16;
     std::vector<int32_t> xsum_q(SIGNED ? M * KG : 0);  // each group's sum of quantized x
     for (int64_t i = 0; i < int64_t(xsum_q.size()); ++i) {
         int32_t v = 0;
         for (int k = 0; k < G; ++k) v += xr.q[i * G + k];
         xsum_q[i] = v;
     }
+    const int32_t* sums = xsum_q.data();
     #pragma omp parallel for schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
-        const int64_t n0 = blk * 16;
-        const uint8_t* wb = w + n0 * ldw;
+        const uint8_t* wb = w + blk * 16 * ldw;
         for (int64_t m0 = 0; m0 < M; m0 += 8) {  // 8 rows' sums and a group's weights within 32 registers
-            const int R = int(std::min<int64_t>(8, M - m0));
-            __m512 acc[8];
-            for (int j = 0; j < 8; ++j) acc[j] = _mm512_setzero_ps();
-            for (int64_t g = 0; g < KG; ++g) {
-                const uint8_t* wc = wb + g * GB * 16;
-                // the weights stream as one run (a thread's blocks follow each other): GROUPED_PREFETCH
-                // bytes ahead, within L1 however long a row (a block ahead overflowed it at K = 8960)
-                for (int k = 0; k < GB / 4; ++k)
-                    _mm_prefetch(reinterpret_cast<const char*>(wc + GROUPED_PREFETCH + 64 * k), _MM_HINT_T0);
-                __m512i col[P];
-                if constexpr (NIB) {
-                    const __m512i low = _mm512_set1_epi8(0x0F);
-                    for (int j = 0; j < 4; ++j) {
-                        const __m512i t = _mm512_loadu_si512(wc + 64 * j);
-                        col[j] = _mm512_and_si512(t, low);
-                        col[4 + j] = _mm512_and_si512(_mm512_srli_epi16(t, 4), low);
-                    }
-                } else {
-                    for (int p = 0; p < P; ++p) col[p] = _mm512_loadu_si512(wc + 64 * p);
-                }
-                if constexpr (SIGNED)
-                    for (int p = 0; p < P; ++p) col[p] = _mm512_xor_si512(col[p], _mm512_set1_epi8(char(0x80)));
-                const __m512 f = group_factors<G, S>(gs.scale, gs.scale_super, blk, g, KG, KS);
-                const __m512 o = OFF ? group_factors<G, S>(gs.offset, gs.offset_super, blk, g, KG, KS)
-                                     : _mm512_setzero_ps();
-                for (int j = 0; j < R; ++j) {
-                    const int64_t m = m0 + j;
-                    const int8_t* xg = xr.q.data() + m * K + g * G;
-                    // two chains of steps (half the latency), added: exact integers either way
-                    __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
-                    for (int p = 0; p < P; p += 2) {
-                        int32_t four[2];
-                        memcpy(four, xg + 4 * p, 8);
-                        even = _mm512_dpbusd_epi32(even, col[p], _mm512_set1_epi32(four[0]));
-                        odd = _mm512_dpbusd_epi32(odd, col[p + 1], _mm512_set1_epi32(four[1]));
-                    }
-                    __m512i dot = _mm512_add_epi32(even, odd);
-                    if constexpr (SIGNED) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * xsum_q[m * KG + g]));
-                    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
-                                             _mm512_mul_ps(f, _mm512_set1_ps(xr.d[m * KB + g * G / 32])), acc[j]);
-                    if constexpr (OFF)
-                        acc[j] = _mm512_fmadd_ps(o, _mm512_set1_ps(xr.sums[m * KG + g]), acc[j]);
-                }
-            }
-            alignas(64) float out[16];
-            for (int j = 0; j < R; ++j) {
-                _mm512_store_ps(out, bias ? _mm512_add_ps(acc[j], _mm512_loadu_ps(bias + n0)) : acc[j]);
-                for (int i = 0; i < 16; ++i) store(y + (m0 + j) * ldy + n0 + i, out[i]);
+            switch (std::min<int64_t>(8, M - m0)) {
+#define SPECDEC_VNNI_ROWS(R) \
+    case R: vnni_rows<G, NIB, SIGNED, OFF, S, R>(xr, sums, wb, gs, bias, y, ldy, m0, blk, K); break;
+                SPECDEC_VNNI_ROWS(1) SPECDEC_VNNI_ROWS(2) SPECDEC_VNNI_ROWS(3) SPECDEC_VNNI_ROWS(4)
+                SPECDEC_VNNI_ROWS(5) SPECDEC_VNNI_ROWS(6) SPECDEC_VNNI_ROWS(7) SPECDEC_VNNI_ROWS(8)
+#undef SPECDEC_VNNI_ROWS
+                default: break;
             }
         }
     }
