@@ -43,7 +43,7 @@ def _usable(variant: variants.Variant) -> list[str]:
     return usable
 
 
-BF16, GROUPED = variants.VARIANTS
+BF16, GROUPED, GROUPED_WIDE = variants.VARIANTS
 
 
 @contextmanager
@@ -108,8 +108,15 @@ def _grouped(layout: str, N: int, K: int, g: torch.Generator):
     return Grouped(q, floats(32), -floats(32), 32, 8)
 
 
+@contextmanager
+def grouped_kernel(name: str):
+    """avx2, vnni, or vnni+amx: VNNI with its full 16-row chunks on AMX-INT8 tiles."""
+    with kernel(GROUPED, name.split("+")[0]), kernel(GROUPED_WIDE, "amx" if name.endswith("+amx") else "vnni"):
+        yield
+
+
 @needs_kernels
-@pytest.mark.parametrize("name", GROUPED.kernels)
+@pytest.mark.parametrize("name", [*GROUPED.kernels, "vnni+amx"])
 @pytest.mark.parametrize("layout,K", [("Q4_K", 512), ("Q4_K", 384), ("Q6_K", 512), ("Q8_0", 160), ("Q4_1", 96),
                                       ("Q5_0", 96)])
 def test_grouped_weights_with_bfloat16_inputs_are_accurate_and_row_invariant_on_each_kernel(name, layout, K):
@@ -120,19 +127,22 @@ def test_grouped_weights_with_bfloat16_inputs_are_accurate_and_row_invariant_on_
     x = torch.randn(M, K, generator=g).to(torch.bfloat16)
     reference = F.linear(x.double(), grouped.dequantized().double(), bias.double())
 
-    laid = grouped.in_columns() if name == "vnni" else grouped  # the layout each kernel reads
+    laid = grouped.in_columns() if name.startswith("vnni") else grouped  # the layout each kernel reads
 
     def product(rows):
         return invariant.linear_grouped(rows, laid.q, laid.scale, laid.offset, laid.group, bias, bits=laid.bits,
                                         scale_super=laid.scale_super, offset_super=laid.offset_super,
                                         out=torch.empty(len(rows), N), columns=laid.columns)
-    with kernel(GROUPED, name):
+    with grouped_kernel(name):
         y = product(x)
         # x rounded to 8 bits by blocks, as llama.cpp does
         assert (y.double() - reference).abs().max() < 0.02 * float(reference.abs().max()), (name, layout)
-        for m in (1, 2, 5, 7, 16, 17):
+        for m in (1, 2, 5, 7, 16, 17, 32):
             for start in (0, M - m):
                 assert torch.equal(product(x[start:start + m]), y[start:start + m]), (name, layout, m, start)
+    if name == "vnni+amx":  # the tiles' rows have VNNI's bits, so either may run any row
+        with grouped_kernel("vnni"):
+            assert torch.equal(product(x), y), layout
 
 
 @pytest.mark.parametrize("layout,K", [("Q4_K", 512), ("Q6_K", 512), ("Q8_0", 160)])
@@ -271,3 +281,27 @@ def test_fast_projections_choose_a_kernel_by_timing_and_keep_the_choice(monkeypa
     assert choose.prefers_invariant(wide[:choose.MAX_ROWS + 1], weight, packed=theirs) == decided
     assert len(calls) == timed
     assert max(calls) == choose.WIDE_ROWS
+
+
+def test_a_variant_that_needs_another_kernel_keeps_its_first_without_timing(tmp_path):
+    """AMX chunks of the columns layout only where VNNI runs it: elsewhere nothing is timed."""
+    class Lib:
+        calls: list[int] = []
+
+        def set_grouped_wide_kernel(self, kernel: int) -> int:
+            self.calls.append(kernel)
+            return kernel
+
+    lib, flags = Lib(), set(GROUPED_WIDE.cpu_flags)
+    library = tmp_path / "rows-x.so"
+    assert variants.choose(lib, GROUPED_WIDE, library, flags, "k", {"grouped": "avx2"}) == "vnni"
+    assert lib.calls == [0] and not list(tmp_path.iterdir())  # set, not measured, nothing remembered
+
+
+@needs_kernels
+def test_the_build_keeps_the_avx512_code_where_the_cpu_has_it():
+    """The library falls back to an AVX2-only build when the compiler refuses the AVX-512/AMX
+    code: on a CPU with VNNI that would silently lose the faster grouped kernel."""
+    if not GROUPED.cpu_flags <= build.cpu_flags():
+        pytest.skip("this CPU lacks AVX-512 VNNI")
+    assert "vnni" in _usable(GROUPED)

@@ -99,7 +99,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.linear_grouped.restype = i32
     lib.stack_forward.argtypes = [p, i64, p, p, i32, i64] + [p] * 9
     lib.stack_forward.restype = i32
-    for name in ("set_bf16_kernel", "set_grouped_kernel"):
+    for name in ("set_bf16_kernel", "set_grouped_kernel", "set_grouped_wide_kernel"):
         getattr(lib, name).argtypes = [i32]
         getattr(lib, name).restype = i32
 
@@ -129,7 +129,7 @@ def load() -> ctypes.CDLL | None:
         return None
     key = hashlib.sha256(f"{cpu_model()}/threads={torch.get_num_threads()}".encode()).hexdigest()[:12]
     for variant in variants.VARIANTS:
-        _chosen[variant.name] = variants.choose(lib, variant, library, cpu_flags(), key)
+        _chosen[variant.name] = variants.choose(lib, variant, library, cpu_flags(), key, _chosen)
     return lib
 
 

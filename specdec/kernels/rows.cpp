@@ -741,6 +741,150 @@ VNNI_TARGET inline void vnni_rows(const QuantizedRows& xr, const int32_t* xsum_q
     }
 }
 
+// The same products for 16 rows at a time on AMX-INT8 tiles (grouped_wide_kernel 1, where the
+// process chose them by timing: prefill chunks, wide verify passes). A tile step gives each group's
+// exact integer dots for 16 rows x 16 outputs (x's rows as the signed A tile, the columns layout's
+// runs as the B tile: it is already the tiles' layout; signed weights multiplied as signed, so no
+// shift to take back); the float32 steps then follow vnni_rows's per row, in its order, from the
+// stored dots. Same integers, same float steps: the same bits as vnni_rows, whichever runs a row.
+#define AMX_INT8_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,amx-tile,amx-int8")))
+constexpr int AMX_GROUPED_BLOCKS = 2;  // blocks of 16 outputs sharing a load of x's tile
+
+// tiles 0, 1 and 2, 3: dots [16 rows][16 outputs] int32 of 2 blocks, for even and odd groups (a
+// group's tile steps run while the float steps of the one before read its stored dots); 4: x
+// [16 rows][G bytes]; 6, 7: weights [G / 4 runs][16 outputs x 4 bytes]
+template <int G>
+AMX_INT8_TARGET inline void amx_grouped_configure() {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t : {0, 1, 2, 3, 4, 6, 7}) {
+        c.rows[t] = t >= 6 ? G / 4 : 16;
+        c.colsb[t] = t == 4 ? G : 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+// Group g's dots into tile set SET (tiles 2 SET, 2 SET + 1) for nb blocks; runs: the blocks'
+// weights of the group; unpacked: room for two 4-bit blocks' runs as bytes
+template <int SET, bool NIB, bool SIGNED>
+AMX_INT8_TARGET inline void amx_issue(const int8_t* xg, int64_t ldx, const uint8_t* const* runs, int nb,
+                                      uint8_t (*unpacked)[8 * 64]) {
+    _tile_loadd(4, xg, ldx);
+    for (int b = 0; b < nb; ++b) {
+        const void* w = runs[b];
+        if constexpr (NIB) {  // the runs' nibbles as bytes, in vnni_rows's order
+            const __m512i low = _mm512_set1_epi8(0x0F);
+            for (int j = 0; j < 4; ++j) {
+                const __m512i t = _mm512_loadu_si512(runs[b] + 64 * j);
+                _mm512_store_si512(unpacked[b] + 64 * j, _mm512_and_si512(t, low));
+                _mm512_store_si512(unpacked[b] + 64 * (4 + j), _mm512_and_si512(_mm512_srli_epi16(t, 4), low));
+            }
+            w = unpacked[b];
+        }
+        // tile numbers must be constants
+#define SPECDEC_AMX_DOT(T, W) \
+    _tile_loadd(W, w, 64); \
+    if constexpr (SIGNED) _tile_dpbssd(T, 4, W); else _tile_dpbsud(T, 4, W);
+        if constexpr (SET == 0) {
+            if (b == 0) { SPECDEC_AMX_DOT(0, 6) } else { SPECDEC_AMX_DOT(1, 7) }
+        } else {
+            if (b == 0) { SPECDEC_AMX_DOT(2, 6) } else { SPECDEC_AMX_DOT(3, 7) }
+        }
+#undef SPECDEC_AMX_DOT
+    }
+}
+
+template <int SET>
+AMX_INT8_TARGET inline void amx_take(int32_t* dots, int nb) {
+    if constexpr (SET == 0) {
+        _tile_stored(0, dots, 64);
+        _tile_zero(0);
+        if (nb > 1) { _tile_stored(1, dots + 256, 64); _tile_zero(1); }
+    } else {
+        _tile_stored(2, dots, 64);
+        _tile_zero(2);
+        if (nb > 1) { _tile_stored(3, dots + 256, 64); _tile_zero(3); }
+    }
+}
+
+// Rows [m0, m0 + 16) of nb blocks of 16 outputs from blk
+template <int G, bool NIB, bool SIGNED, bool OFF, int S, class Y>
+AMX_INT8_TARGET void amx_rows(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs, const float* bias,
+                              Y* y, int64_t ldy, int64_t m0, int64_t blk, int nb, int64_t K, float* acc) {
+    constexpr int64_t GB = NIB ? G / 2 : G;
+    constexpr int TB = AMX_GROUPED_BLOCKS;
+    const int64_t KG = K / G, KB = K / 32, KS = S > 0 ? K / S : 0, ldw = NIB ? K / 2 : K;
+    alignas(64) int32_t dots[2][TB * 256];
+    alignas(64) uint8_t unpacked[2][TB][8 * 64];
+    auto issue = [&](int64_t g) {
+        const uint8_t* runs[TB];
+        for (int b = 0; b < nb; ++b) {
+            runs[b] = w + (blk + b) * 16 * ldw + g * GB * 16;
+            for (int k = 0; k < GB / 4; ++k)
+                _mm_prefetch(reinterpret_cast<const char*>(runs[b] + GROUPED_PREFETCH + 64 * k), _MM_HINT_T0);
+        }
+        const int8_t* xg = xr.q.data() + m0 * K + g * G;
+        if (g & 1) amx_issue<1, NIB, SIGNED>(xg, K, runs, nb, unpacked[1]);
+        else amx_issue<0, NIB, SIGNED>(xg, K, runs, nb, unpacked[0]);
+    };
+    for (int i = 0; i < nb * 256; ++i) acc[i] = 0.0f;
+    issue(0);
+    for (int64_t g = 0; g < KG; ++g) {
+        int32_t* d = dots[g & 1];
+        if (g & 1) amx_take<1>(d, nb); else amx_take<0>(d, nb);
+        if (g + 1 < KG) issue(g + 1);
+        for (int b = 0; b < nb; ++b) {
+            const __m512 f = group_factors<G, S>(gs.scale, gs.scale_super, blk + b, g, KG, KS);
+            const __m512 o = OFF ? group_factors<G, S>(gs.offset, gs.offset_super, blk + b, g, KG, KS)
+                                 : _mm512_setzero_ps();
+            for (int j = 0; j < 16; ++j) {
+                const int64_t m = m0 + j;
+                float* a = acc + b * 256 + j * 16;
+                const __m512i dot = _mm512_load_si512(d + b * 256 + j * 16);
+                __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                             _mm512_mul_ps(f, _mm512_set1_ps(xr.d[m * KB + g * G / 32])),
+                                             _mm512_load_ps(a));
+                if constexpr (OFF) sum = _mm512_fmadd_ps(o, _mm512_set1_ps(xr.sums[m * KG + g]), sum);
+                _mm512_store_ps(a, sum);
+            }
+        }
+    }
+    for (int b = 0; b < nb; ++b) {
+        const int64_t n0 = (blk + b) * 16;
+        for (int j = 0; j < 16; ++j) {
+            const float* a = acc + b * 256 + j * 16;
+            alignas(64) float out[16];
+            _mm512_store_ps(out, bias ? _mm512_add_ps(_mm512_load_ps(a), _mm512_loadu_ps(bias + n0)) : _mm512_load_ps(a));
+            for (int i = 0; i < 16; ++i) store(y + (m0 + j) * ldy + n0 + i, out[i]);
+        }
+    }
+}
+
+// Rows [0, wide) (a multiple of 16) of all blocks
+template <int G, bool NIB, bool SIGNED, bool OFF, int S, class Y>
+AMX_INT8_TARGET void amx_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs, const float* bias,
+                                 Y* y, int64_t ldy, int64_t wide, int64_t blocks, int64_t K) {
+    constexpr int TB = AMX_GROUPED_BLOCKS;
+    const int64_t sets = (blocks + TB - 1) / TB;
+    #pragma omp parallel
+    {
+        alignas(64) float acc[TB * 256];
+        amx_grouped_configure<G>();
+        #pragma omp for schedule(static)
+        for (int64_t set = 0; set < sets; ++set) {
+            const int nb = int(std::min<int64_t>(TB, blocks - set * TB));
+            for (int64_t m0 = 0; m0 < wide; m0 += 16)
+                amx_rows<G, NIB, SIGNED, OFF, S>(xr, w, gs, bias, y, ldy, m0, set * TB, nb, K, acc);
+        }
+        _tile_release();
+    }
+}
+#endif
+
+int grouped_wide_kernel = 0;  // 1: full 16-row chunks of columns-layout products on AMX-INT8 tiles
+
+#ifdef SPECDEC_AMX
 // Columns [0, N) (N % 16 == 0) of y, x already quantized (xr: q [M, K], d [M, K / 32], sums [M, K / G])
 template <int G, bool NIB, bool SIGNED, bool OFF, int S, class Y>
 VNNI_TARGET void vnni_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs, const float* bias,
@@ -754,10 +898,15 @@ VNNI_TARGET void vnni_glinear(const QuantizedRows& xr, const uint8_t* w, const G
         xsum_q[i] = v;
     }
     const int32_t* sums = xsum_q.data();
+    const int64_t wide = grouped_wide_kernel ? M / 16 * 16 : 0;  // rows on AMX tiles, the rest as below
+    if (wide) {
+        amx_glinear<G, NIB, SIGNED, OFF, S>(xr, w, gs, bias, y, ldy, wide, blocks, K);
+        if (wide == M) return;
+    }
     #pragma omp parallel for schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
         const uint8_t* wb = w + blk * 16 * ldw;
-        for (int64_t m0 = 0; m0 < M; m0 += 8) {  // 8 rows' sums and a group's weights within 32 registers
+        for (int64_t m0 = wide; m0 < M; m0 += 8) {  // 8 rows' sums and a group's weights within 32 registers
             switch (std::min<int64_t>(8, M - m0)) {
 #define SPECDEC_VNNI_ROWS(R) \
     case R: vnni_rows<G, NIB, SIGNED, OFF, S, R>(xr, sums, wb, gs, bias, y, ldy, m0, blk, K); break;
@@ -1239,7 +1388,7 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
 
 extern "C" {
 
-int specdec_kernels_version() { return 11; }
+int specdec_kernels_version() { return 12; }
 
 // Which kernel bfloat16 weights with bfloat16 inputs go through: 0 tile() (AVX2 + FMA), 1 AMX
 // (asks Linux for the tile state first). Set once, before any product, and kept: a row's bits
@@ -1253,6 +1402,16 @@ int set_bf16_kernel(int kernel) {
 // Whether grouped weights in the columns layout can be multiplied (1: this build has the AVX-512
 // VNNI code; the caller checked the CPU): load() sets it from variants.py's choice before any
 // weight is laid out. Returns the setting now in use.
+// Whether full 16-row chunks of columns-layout products run on AMX-INT8 tiles (1, where Linux
+// grants the tiles; the caller checked the CPU): the same bits as VNNI's, chosen by timing.
+int set_grouped_wide_kernel(int kernel) {
+#ifdef SPECDEC_AMX
+    if (kernel == 1 && !amx_request()) return grouped_wide_kernel;
+    grouped_wide_kernel = kernel == 1 ? 1 : 0;
+#endif
+    return grouped_wide_kernel;
+}
+
 int set_grouped_kernel(int kernel) {
 #ifdef SPECDEC_AMX
     grouped_columns_kernel = kernel == 1 ? 1 : 0;

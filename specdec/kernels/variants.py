@@ -16,7 +16,10 @@ weights larger than the caches at the widths speculation uses, and the faster in
 row's bits depend on the choice, so it is made once, before any product (and any weight's
 layout), and remembered beside the built library for every later process on this machine
 (processes starting together wait for the first to measure).
-SPECDEC_BF16_KERNEL=avx2|amx and SPECDEC_GROUPED_KERNEL=avx2|vnni set them by hand."""
+"grouped_wide": where VNNI runs the columns layout, its full 16-row chunks (prefill, wide verify
+passes) on AMX-INT8 tiles or not: the same integer dots and float steps, so the same bits.
+SPECDEC_BF16_KERNEL=avx2|amx, SPECDEC_GROUPED_KERNEL=avx2|vnni and SPECDEC_GROUPED_WIDE_KERNEL=vnni|amx
+set them by hand."""
 from __future__ import annotations
 
 import ctypes
@@ -84,17 +87,19 @@ class Variant:
     setter: str  # rows.cpp's function that sets it (returns the kernel in use)
     timing: Callable[[ctypes.CDLL, str], Callable[[int], float]]  # set-up for a kernel, then seconds for M rows
     cpu_flags: frozenset[str]  # what the second kernel's code needs (its target attribute)
+    widths: tuple[int, ...] = WIDTHS  # rows a product, the widths timed
+    needs: tuple[str, str] | None = None  # (variant, kernel) chosen first, else the first kernel stays
 
     def set(self, lib: ctypes.CDLL, kernel: str) -> str:
         return self.kernels[getattr(lib, self.setter)(self.kernels.index(kernel))]
 
     def measure(self, lib: ctypes.CDLL) -> dict[str, float]:
-        """Seconds summed over WIDTHS per kernel this machine can run (AMX where Linux grants it)."""
+        """Seconds summed over the widths per kernel this machine can run (AMX where Linux grants it)."""
         seconds = {}
         for kernel in self.kernels:
             if self.set(lib, kernel) == kernel:
                 seconds_for = self.timing(lib, kernel)
-                seconds[kernel] = sum(seconds_for(M) for M in WIDTHS)
+                seconds[kernel] = sum(seconds_for(M) for M in self.widths)
         return seconds
 
 
@@ -103,13 +108,21 @@ VARIANTS = (
             frozenset({"amx_bf16", "amx_tile", "avx512f", "avx512bw"})),
     Variant("grouped", ("avx2", "vnni"), "set_grouped_kernel", _grouped_pass,
             frozenset({"avx512f", "avx512bw", "avx512_vnni"})),
+    # full 16-row chunks of the columns layout on AMX-INT8 tiles: the same bits, so only speed differs
+    Variant("grouped_wide", ("vnni", "amx"), "set_grouped_wide_kernel", lambda lib, kernel: _grouped_pass(lib, "vnni"),
+            frozenset({"avx512f", "avx512bw", "avx512_vnni", "amx_tile", "amx_int8"}), widths=(16, 64),
+            needs=("grouped", "vnni")),
 )
 
 
-def choose(lib: ctypes.CDLL, variant: Variant, library: Path, cpu_flags: set[str], key: str) -> str:
+def choose(lib: ctypes.CDLL, variant: Variant, library: Path, cpu_flags: set[str], key: str,
+           chosen: dict[str, str] | None = None) -> str:
     """Sets and returns the kernel of `variant` for this process: the environment's, else the one
-    remembered for this library and key (CPU model, threads), else the faster by measure()."""
+    remembered for this library and key (CPU model, threads), else the faster by measure().
+    chosen: the variants set before it (what `needs` refers to)."""
     if not variant.cpu_flags <= cpu_flags:  # the second kernel's instructions are missing here
+        return variant.set(lib, variant.kernels[0])
+    if variant.needs is not None and (chosen or {}).get(variant.needs[0]) != variant.needs[1]:
         return variant.set(lib, variant.kernels[0])
     forced = os.environ.get(f"SPECDEC_{variant.name.upper()}_KERNEL", "").lower()
     if forced in variant.kernels:

@@ -52,7 +52,9 @@ class ModelSource:
     def tokenizer(self):
         """(tokenizers.Tokenizer, tokenizer_config dict incl. bos/eos token text and chat_template)."""
         if self.is_gguf:
-            return gguf.build_tokenizer(self.gguf_file)
+            from specdec.models.gguf_tokenizer import build_tokenizer
+
+            return build_tokenizer(self.gguf_file)
         return read_folder_tokenizer(self.path)
 
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -3,9 +3,7 @@ dict, a state dict in specdec's module names (dequantized to float32), the token
 chat template.
 
 GGUF is a plain tensor container (no pickle), so it is allowed next to safetensors. Tensors are
-dequantized with the `gguf` package. The tokenizer is rebuilt by transformers' GGUF tokenizer
-conversion, plus the one pre-tokenizer family it does not restore (digits split one by one
-before the GPT-2 split: SmolLM2, StarCoder), so ids match the original tokenizer.json."""
+dequantized with the `gguf` package. The tokenizer: gguf_tokenizer.py."""
 from __future__ import annotations
 
 import functools
@@ -24,8 +22,6 @@ SUPPORTED_ARCHITECTURES = ("llama", "qwen2")  # Mistral models are stored as "ll
 # qwen2 runs with the NEOX layout, which is Hugging Face's, and is stored unpermuted.
 PERMUTED_ARCHITECTURES = ("llama",)
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
-# llama.cpp pre-tokenizers that split every digit off before the GPT-2 regex (llama-vocab.cpp).
-DIGITS_FIRST_PRE = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva")
 # Control tokens llama.cpp also treats as end of generation, besides the declared eos/eot/eom.
 END_OF_GENERATION_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
                            "<end_of_turn>", "</s>")
@@ -233,59 +229,6 @@ def eos_token_ids(g: GGUFFile) -> tuple[int, ...]:
     ids += [i for i, (t, kind) in enumerate(zip(tokens, types))
             if kind == CONTROL_TOKEN and t in END_OF_GENERATION_TEXTS]
     return tuple(dict.fromkeys(i for i in ids if i is not None))
-
-
-def build_tokenizer(g: GGUFFile):
-    """(tokenizers.Tokenizer, tokenizer_config dict) rebuilt from the GGUF's vocabulary."""
-    from tokenizers import pre_tokenizers
-
-    meta = g.metadata
-    tokens = meta.get("tokenizer.ggml.tokens")
-    if not tokens:
-        raise SpecdecError(f"GGUF {str(g.path)!r} has no tokenizer (tokenizer.ggml.tokens is missing)")
-    renames = {"model": "tokenizer_type", "pre": "pre_tokenizer_type", "tokens": "tokens",
-               "scores": "scores", "token_type": "token_type", "merges": "merges",
-               "bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
-               "unknown_token_id": "unk_token_id", "padding_token_id": "pad_token_id",
-               "add_space_prefix": "add_prefix_space", "precompiled_charsmap": "precompiled_charsmap"}
-    spec = {new: meta[f"tokenizer.ggml.{old}"] for old, new in renames.items() if f"tokenizer.ggml.{old}" in meta}
-    kind, pre = spec.get("tokenizer_type"), spec.get("pre_tokenizer_type")
-    convert, known_splits = _transformers_converter()
-    if kind == "gpt2" and pre not in ("gpt-2", "default", None, *DIGITS_FIRST_PRE, *known_splits):
-        raise SpecdecError(f"GGUF {str(g.path)!r} uses llama.cpp pre-tokenizer {pre!r}, which specdec "
-                           "cannot reproduce exactly; load the model's Hugging Face folder instead")
-    try:
-        tok, _ = convert(g.architecture, spec)
-    except Exception as e:  # transformers raises ValueError/KeyError/NotImplementedError here
-        raise SpecdecError(f"cannot rebuild the tokenizer of GGUF {str(g.path)!r} "
-                           f"(tokenizer {kind!r}): {type(e).__name__}: {e}") from None
-    if kind == "gpt2" and pre in DIGITS_FIRST_PRE:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
-    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
-    for name in ("bos", "eos", "unk", "pad"):
-        i = spec.get(f"{name}_token_id")
-        if i is not None and 0 <= i < len(tokens):
-            config[f"{name}_token"] = tokens[i]
-    for key in ("add_bos_token", "add_eos_token"):
-        if f"tokenizer.ggml.{key}" in meta:
-            config[key] = bool(meta[f"tokenizer.ggml.{key}"])
-    if isinstance(meta.get("tokenizer.chat_template"), str):
-        config["chat_template"] = meta["tokenizer.chat_template"]
-    return tok, config
-
-
-def _transformers_converter():
-    """transformers' GGUF tokenizer conversion and the pre-tokenizer splits it knows."""
-    from specdec.extras import require
-
-    module = require("transformers.integrations.gguf.gguf_tokenizer_mapping", "gguf",
-                     "rebuilding a GGUF's tokenizer")
-    if not hasattr(module, "convert_gguf_tokenizer"):
-        raise SpecdecError("rebuilding a GGUF's tokenizer needs a transformers with "
-                           "transformers.integrations.gguf (tested with 5.24): pip install -U transformers")
-    return module.convert_gguf_tokenizer, tuple(getattr(module, "GGUF_PRE_TOKENIZER_SPLITS", {}))
 
 
 def load_transformers_gguf(path: Path, dtype: torch.dtype = torch.float32):
