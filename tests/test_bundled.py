@@ -183,7 +183,7 @@ def test_the_identity_check_catches_passes_that_round_rows_by_width(plain_bf16, 
         return stack_call(self, x, *args, **kwargs)
 
     monkeypatch.setattr(LayerStack, "__call__", width_dependent)
-    assert check_bf16_identity(plain_bf16, "draft", PROMPTS[:16], 64) > 0
+    assert check_bf16_identity(plain_bf16, "draft", PROMPTS[:8], 64) > 0
 
 
 @pytest.mark.slow

@@ -33,8 +33,6 @@ class BatchEntry:
     proposer: Proposer | None  # ngram's (shared), a fork of the decoder's own; None: none, the batched draft model
     forked: bool = False  # proposer is this sequence's own (a tree method, a draft with another tokenizer)
     prefilled: int = 0  # tokens of prompt_ids[:-1] already in the slot's cache
-    # a draft model alone in the batch reads the prompt once its first token is out (limits)
-    reset_pending: bool = False
 
     @property
     def needs_hidden(self) -> bool:
@@ -187,11 +185,6 @@ class BatchDrafting:
             seq = entry.seq
             room = runner.max_len - len(seq.context)
             if entry.method == "none" or (entry.tree and runner.length(slot) == 0):
-                limits.append(0)
-            elif entry.method == "draft" and (entry.reset_pending or not seq.generated):
-                # the first token without drafts: the draft model's prefill of the prompt (a third
-                # of the target's on Qwen2.5-Coder's pair) then waits until that token is out, so
-                # the time to the first token is plain decoding's; it costs one narrower step
                 limits.append(0)
             elif entry.tree:  # a proposal may hold up to tree_floor nodes whatever its budget
                 limit = max(0, min(room - 1, cap))

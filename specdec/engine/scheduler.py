@@ -129,9 +129,7 @@ class Scheduler:
         self.held[slot] = None
         self.runner.rollback(slot, reused)
         entry.prefilled = seq.stats.cached_prompt_tokens = reused
-        if entry.proposer is not None and self.max_batch == 1 and method == "draft":
-            entry.reset_pending = True  # its prefill after the first token (step)
-        elif entry.proposer is not None:
+        if entry.proposer is not None:
             # in a batch a drafter reads the prompt at its first draft (a cross-vocabulary draft
             # prefills it then), which the batch's gate may never allow: plain steps pay nothing
             entry.proposer.reset(seq.prompt_ids if self.max_batch == 1 else [])
@@ -213,14 +211,6 @@ class Scheduler:
         events carry finish_reason; `finish` gives the result)."""
         self.settled = False  # a step that fails midway leaves the caches unknown
         events = self._prefill()
-        for entry in self.entries:
-            if entry.reset_pending and entry.seq.generated:
-                # a draft model's prefill of the prompt, once the first token (the target's
-                # alone: BatchDrafting.limits) is out: time to the first token as plain decoding's
-                t0 = time.perf_counter()
-                entry.proposer.reset(entry.seq.prompt_ids)
-                entry.reset_pending = False
-                entry.seq.stats.prefill_seconds += time.perf_counter() - t0
         ready = [slot for slot, entry in enumerate(self.entries) if entry.ready]
         if ready:
             decoded = self._decode(ready)
