@@ -684,6 +684,23 @@ VNNI_TARGET inline __m512 group_factors(const void* level, const float* super, i
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)),
                          _mm512_loadu_ps(super + (blk * KS + g * G / S) * 16));
 }
+// One group's float32 steps for a row's 16 outputs, in the order both kernels keep (vnni_rows,
+// amx_rows: one definition, so the same bits whichever runs a row)
+template <bool OFF>
+VNNI_TARGET inline __m512 group_step(__m512 acc, __m512i dot, __m512 f, __m512 o, float d, float xsum) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(f, _mm512_set1_ps(d)), acc);
+    if constexpr (OFF) acc = _mm512_fmadd_ps(o, _mm512_set1_ps(xsum), acc);
+    return acc;
+}
+
+// A row's 16 sums plus bias, rounded once into y
+template <class Y>
+VNNI_TARGET inline void store_sums(Y* y, __m512 acc, const float* bias) {
+    alignas(64) float out[16];
+    _mm512_store_ps(out, bias ? _mm512_add_ps(acc, _mm512_loadu_ps(bias)) : acc);
+    for (int i = 0; i < 16; ++i) store(y + i, out[i]);
+}
+
 // R rows from m0 of block blk's 16 outputs: R a constant, so the sums stay in registers (a
 // runtime count kept them on the stack, a store and a load a group and row)
 template <int G, bool NIB, bool SIGNED, bool OFF, int S, int R, class Y>
@@ -729,16 +746,10 @@ VNNI_TARGET inline void vnni_rows(const QuantizedRows& xr, const int32_t* xsum_q
             }
             __m512i dot = _mm512_add_epi32(even, odd);
             if constexpr (SIGNED) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * xsum_q[m * KG + g]));
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(f, _mm512_set1_ps(xr.d[m * KB + g * G / 32])),
-                                     acc[j]);
-            if constexpr (OFF) acc[j] = _mm512_fmadd_ps(o, _mm512_set1_ps(xr.sums[m * KG + g]), acc[j]);
+            acc[j] = group_step<OFF>(acc[j], dot, f, o, xr.d[m * KB + g * G / 32], OFF ? xr.sums[m * KG + g] : 0.0f);
         }
     }
-    alignas(64) float out[16];
-    for (int j = 0; j < R; ++j) {
-        _mm512_store_ps(out, bias ? _mm512_add_ps(acc[j], _mm512_loadu_ps(bias + n0)) : acc[j]);
-        for (int i = 0; i < 16; ++i) store(y + (m0 + j) * ldy + n0 + i, out[i]);
-    }
+    for (int j = 0; j < R; ++j) store_sums(y + (m0 + j) * ldy + n0, acc[j], bias ? bias + n0 : nullptr);
 }
 
 // The same products for 16 rows at a time on AMX-INT8 tiles (grouped_wide_kernel 1, where the
@@ -841,23 +852,15 @@ AMX_INT8_TARGET void amx_rows(const QuantizedRows& xr, const uint8_t* w, const G
             for (int j = 0; j < 16; ++j) {
                 const int64_t m = m0 + j;
                 float* a = acc + b * 256 + j * 16;
-                const __m512i dot = _mm512_load_si512(d + b * 256 + j * 16);
-                __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
-                                             _mm512_mul_ps(f, _mm512_set1_ps(xr.d[m * KB + g * G / 32])),
-                                             _mm512_load_ps(a));
-                if constexpr (OFF) sum = _mm512_fmadd_ps(o, _mm512_set1_ps(xr.sums[m * KG + g]), sum);
-                _mm512_store_ps(a, sum);
+                _mm512_store_ps(a, group_step<OFF>(_mm512_load_ps(a), _mm512_load_si512(d + b * 256 + j * 16), f, o,
+                                                   xr.d[m * KB + g * G / 32], OFF ? xr.sums[m * KG + g] : 0.0f));
             }
         }
     }
     for (int b = 0; b < nb; ++b) {
         const int64_t n0 = (blk + b) * 16;
-        for (int j = 0; j < 16; ++j) {
-            const float* a = acc + b * 256 + j * 16;
-            alignas(64) float out[16];
-            _mm512_store_ps(out, bias ? _mm512_add_ps(_mm512_load_ps(a), _mm512_loadu_ps(bias + n0)) : _mm512_load_ps(a));
-            for (int i = 0; i < 16; ++i) store(y + (m0 + j) * ldy + n0 + i, out[i]);
-        }
+        for (int j = 0; j < 16; ++j)
+            store_sums(y + (m0 + j) * ldy + n0, _mm512_load_ps(acc + b * 256 + j * 16), bias ? bias + n0 : nullptr);
     }
 }
 
