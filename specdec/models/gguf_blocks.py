@@ -240,19 +240,18 @@ def unpack(kind: str, data: np.ndarray, shape: tuple[int, int], rows_per_call: i
                    fields["offset_super"])
 
 
-def requantized_4bit(g: Grouped, rows_per_call: int = 1024) -> Grouped:
+def requantized_4bit(g: Grouped, rows_per_call: int = 4096) -> Grouped:
     """g's weights rounded to 4 bits (four_bit), for a draft model whose values are stored a byte
     each (Q5_0, Q8_0, Q6_K: 1.25 bytes a weight unpacked): its rounding only moves the draft's
     proposals, verification keeps the output exact."""
     return four_bit(g.dequantized, *g.shape, rows_per_call)
 
 
-def four_bit(weights, N: int, K: int, rows_per_call: int = 1024) -> Grouped:
+def four_bit(weights, N: int, K: int, rows_per_call: int = 4096) -> Grouped:
     """Weights [N, K] (weights(rows): float32 rows of a slice) rounded to 4 bits by groups of 32,
     with a scale and an offset a group in two levels where K is a multiple of 128 (int8 a group
     times float32 per superblock of super_width(K), as Q4_K: ~0.59 bytes a weight), else float32
-    ones (as Q4_1 with wider scales: 0.75). A slice of rows at a time: its float32 temporaries
-    (~6 of [rows, K]) are what raises a draft's peak memory at load."""
+    ones (as Q4_1 with wider scales: 0.75)."""
     if K % 32:
         raise ValueError("4-bit groups of 32 need K a multiple of 32")
     two = K % 128 == 0
