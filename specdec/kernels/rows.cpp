@@ -693,6 +693,34 @@ VNNI_TARGET inline __m512 group_step(__m512 acc, __m512i dot, __m512 f, __m512 o
     return acc;
 }
 
+// Group g's weights for block wb's 16 outputs as G / 4 runs of 4 inputs (vnni_rows's order)
+template <int G, bool NIB>
+VNNI_TARGET inline void group_runs(const uint8_t* wc, __m512i* col) {
+    if constexpr (NIB) {
+        const __m512i low = _mm512_set1_epi8(0x0F);
+        for (int j = 0; j < 4; ++j) {
+            const __m512i t = _mm512_loadu_si512(wc + 64 * j);
+            col[j] = _mm512_and_si512(t, low);
+            col[4 + j] = _mm512_and_si512(_mm512_srli_epi16(t, 4), low);
+        }
+    } else {
+        for (int p = 0; p < G / 4; ++p) col[p] = _mm512_loadu_si512(wc + 64 * p);
+    }
+}
+
+// One row's exact integer dots with a group's runs (group_runs): two chains of steps (half the
+// latency), added; each 4 inputs broadcast straight from memory (through a general register they
+// queued on the shuffle port)
+template <int P>
+VNNI_TARGET inline __m512i group_dot(const __m512i* col, const int8_t* xg) {
+    __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+    for (int p = 0; p < P; p += 2) {
+        even = _mm512_dpbusd_epi32(even, col[p], _mm512_broadcastd_epi32(_mm_loadu_si32(xg + 4 * p)));
+        odd = _mm512_dpbusd_epi32(odd, col[p + 1], _mm512_broadcastd_epi32(_mm_loadu_si32(xg + 4 * p + 4)));
+    }
+    return _mm512_add_epi32(even, odd);
+}
+
 // A row's 16 sums plus bias, rounded once into y
 template <class Y>
 VNNI_TARGET inline void store_sums(Y* y, __m512 acc, const float* bias) {
@@ -719,32 +747,14 @@ VNNI_TARGET inline void vnni_rows(const QuantizedRows& xr, const int32_t* xsum_q
         for (int k = 0; k < GB / 4; ++k)
             _mm_prefetch(reinterpret_cast<const char*>(wc + GROUPED_PREFETCH + 64 * k), _MM_HINT_T0);
         __m512i col[P];
-        if constexpr (NIB) {
-            const __m512i low = _mm512_set1_epi8(0x0F);
-            for (int j = 0; j < 4; ++j) {
-                const __m512i t = _mm512_loadu_si512(wc + 64 * j);
-                col[j] = _mm512_and_si512(t, low);
-                col[4 + j] = _mm512_and_si512(_mm512_srli_epi16(t, 4), low);
-            }
-        } else {
-            for (int p = 0; p < P; ++p) col[p] = _mm512_loadu_si512(wc + 64 * p);
-        }
+        group_runs<G, NIB>(wc, col);
         if constexpr (SIGNED)
             for (int p = 0; p < P; ++p) col[p] = _mm512_xor_si512(col[p], _mm512_set1_epi8(char(0x80)));
         const __m512 f = group_factors<G, S>(gs.scale, gs.scale_super, blk, g, KG, KS);
         const __m512 o = OFF ? group_factors<G, S>(gs.offset, gs.offset_super, blk, g, KG, KS) : _mm512_setzero_ps();
         for (int j = 0; j < R; ++j) {
             const int64_t m = m0 + j;
-            const int8_t* xg = xr.q.data() + m * K + g * G;
-            // two chains of steps (half the latency), added: exact integers either way; each 4
-            // inputs broadcast straight from memory (through a general register they queued on
-            // the shuffle port)
-            __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
-            for (int p = 0; p < P; p += 2) {
-                even = _mm512_dpbusd_epi32(even, col[p], _mm512_broadcastd_epi32(_mm_loadu_si32(xg + 4 * p)));
-                odd = _mm512_dpbusd_epi32(odd, col[p + 1], _mm512_broadcastd_epi32(_mm_loadu_si32(xg + 4 * p + 4)));
-            }
-            __m512i dot = _mm512_add_epi32(even, odd);
+            __m512i dot = group_dot<P>(col, xr.q.data() + m * K + g * G);
             if constexpr (SIGNED) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * xsum_q[m * KG + g]));
             acc[j] = group_step<OFF>(acc[j], dot, f, o, xr.d[m * KB + g * G / 32], OFF ? xr.sums[m * KG + g] : 0.0f);
         }
@@ -888,6 +898,264 @@ AMX_INT8_TARGET void amx_glinear(const QuantizedRows& xr, const uint8_t* w, cons
 int grouped_wide_kernel = 0;  // 1: full 16-row chunks of columns-layout products on AMX-INT8 tiles
 
 #ifdef SPECDEC_AMX
+// The K-quants with offsets on the columns layout (Q4_K and a draft's 4-bit rounding: 4-bit values
+// in groups of 32; Q6_K: values below 64 a byte, groups of 16): x quantized by superblocks (one dx a
+// row and superblock, as llama.cpp's Q8_K for these formats), so that a superblock's products add
+// up in integers, sum_g scale_g * dot_g and sum_g offset_g * sum(xq)_g, and the float32 steps come
+// once a superblock (super_step) instead of once a group: 8 or 16x fewer of the steps that bounded
+// vnni_rows and amx_rows at many rows. Both kernels below compute the same integers (exactly, each
+// its own way) and then the same float steps: the same bits for a row whichever runs it.
+VNNI_TARGET inline __m512 super_step(__m512 acc, __m512i dots, __m512i offs, __m512 f, __m512 o, float d) {
+    const __m512 dx = _mm512_set1_ps(d);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(f, dx), acc);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(offs), _mm512_mul_ps(o, dx), acc);
+}
+
+VNNI_TARGET inline __m512i load_i8x16(const int8_t* p) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// R rows from m0 of block blk's 16 outputs; xsum: each row's and group's sum of quantized x, [M, K / G]
+template <int G, bool NIB, int S, int R, class Y>
+VNNI_TARGET inline void vnni_super_rows(const QuantizedRows& xr, const int32_t* xsum, const uint8_t* wb,
+                                        const GroupScales& gs, const float* bias, Y* y, int64_t ldy, int64_t m0,
+                                        int64_t blk, int64_t K) {
+    constexpr int GS = S / G, P = G / 4;
+    constexpr int64_t GB = NIB ? G / 2 : G;
+    const int64_t KG = K / G, KS = K / S, n0 = blk * 16;
+    const int8_t* scale = static_cast<const int8_t*>(gs.scale) + blk * KG * 16;
+    const int8_t* offset = static_cast<const int8_t*>(gs.offset) + blk * KG * 16;
+    __m512 acc[R];
+    for (int j = 0; j < R; ++j) acc[j] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < KS; ++s) {
+        __m512i dots[R], offs[R];
+        for (int j = 0; j < R; ++j) dots[j] = offs[j] = _mm512_setzero_si512();
+        for (int gi = 0; gi < GS; ++gi) {
+            const int64_t g = s * GS + gi;
+            const uint8_t* wc = wb + g * GB * 16;
+            for (int k = 0; k < GB / 4; ++k)
+                _mm_prefetch(reinterpret_cast<const char*>(wc + GROUPED_PREFETCH + 64 * k), _MM_HINT_T0);
+            __m512i col[P];
+            group_runs<G, NIB>(wc, col);
+            const __m512i sc = load_i8x16(scale + g * 16), off = load_i8x16(offset + g * 16);
+            for (int j = 0; j < R; ++j) {
+                const int64_t m = m0 + j;
+                const __m512i dot = group_dot<P>(col, xr.q.data() + m * K + g * G);
+                dots[j] = _mm512_add_epi32(dots[j], _mm512_mullo_epi32(dot, sc));
+                offs[j] = _mm512_add_epi32(offs[j], _mm512_mullo_epi32(_mm512_set1_epi32(xsum[m * KG + g]), off));
+            }
+        }
+        const __m512 f = _mm512_loadu_ps(gs.scale_super + (blk * KS + s) * 16);
+        const __m512 o = _mm512_loadu_ps(gs.offset_super + (blk * KS + s) * 16);
+        for (int j = 0; j < R; ++j) acc[j] = super_step(acc[j], dots[j], offs[j], f, o, xr.d[(m0 + j) * KS + s]);
+    }
+    for (int j = 0; j < R; ++j) store_sums(y + (m0 + j) * ldy + n0, acc[j], bias ? bias + n0 : nullptr);
+}
+
+// A superblock's integer sums for 16 rows x 16 outputs as AMX-INT8 tile products, by chunks of 64
+// inputs. The scales are split in parts of PB bits, the last signed, so that each value times a
+// part is a byte (4-bit values: 2 parts of 4 bits, q * part in [-120, 225]; values below 64: 4 parts
+// of 2 bits, in [-126, 189]): sum_i (x * (q * part_i)) << (PB * i) is sum_g scale_g * dot_g; and
+// x * offset, each group's offset in each of its bytes, is sum_g offset_g * sum(xq)_g.
+template <bool NIB>
+struct SuperChunk {
+    static constexpr int PARTS = NIB ? 2 : 4, PB = NIB ? 4 : 2;
+    alignas(64) int8_t b[PARTS + 1][16 * 64];  // the B tiles: parts, then offsets
+};
+
+template <int G, bool NIB, int S>
+AMX_INT8_TARGET inline void super_chunks(const uint8_t* wb, const int8_t* scale, const int8_t* offset, int64_t s,
+                                         SuperChunk<NIB>* out) {
+    using C = SuperChunk<NIB>;
+    constexpr int64_t GB = NIB ? G / 2 : G;
+    const __m512i even = _mm512_set1_epi16(0x00FF);
+    for (int h = 0; h < S / G; ++h) {
+        const int64_t g = s * (S / G) + h;
+        C& c = out[h * G / 64];
+        const int64_t at = (h * G % 64) / 4 * 64;  // the group's first B row in its chunk
+        const __m512i sc = load_i8x16(scale + g * 16);
+        __m512i part[C::PARTS];  // 4-bit: each output's part in both 16-bit lanes of its 4 bytes
+        for (int i = 0; i < (NIB ? C::PARTS : 0); ++i) {
+            __m512i p = _mm512_srai_epi32(sc, C::PB * i);
+            if (i + 1 < C::PARTS) p = _mm512_and_si512(p, _mm512_set1_epi32((1 << C::PB) - 1));
+            part[i] = _mm512_or_si512(_mm512_and_si512(p, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(p, 16));
+        }
+        const __m512i off = _mm512_mullo_epi32(_mm512_and_si512(load_i8x16(offset + g * 16), _mm512_set1_epi32(0xFF)),
+                                               _mm512_set1_epi32(0x01010101));
+        __m512i col[G / 4];
+        group_runs<G, NIB>(wb + g * GB * 16, col);
+        if constexpr (NIB) {
+            for (int r = 0; r < G / 4; ++r) {
+                const __m512i qe = _mm512_and_si512(col[r], even), qo = _mm512_srli_epi16(col[r], 8);
+                for (int i = 0; i < C::PARTS; ++i) {
+                    const __m512i lo = _mm512_and_si512(_mm512_mullo_epi16(qe, part[i]), even);
+                    _mm512_store_si512(c.b[i] + at + 64 * r,
+                                       _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_mullo_epi16(qo, part[i]), 8)));
+                }
+                _mm512_store_si512(c.b[C::PARTS] + at + 64 * r, off);
+            }
+        } else {  // parts of 2 bits: q * part from q and 2q, each taken where the part's bit is set
+            const __m512i bytes = _mm512_mullo_epi32(_mm512_and_si512(sc, _mm512_set1_epi32(0xFF)),
+                                                     _mm512_set1_epi32(0x01010101));
+            __mmask64 bit[8];
+            for (int b = 0; b < 8; ++b) bit[b] = _mm512_test_epi8_mask(bytes, _mm512_set1_epi8(char(1 << b)));
+            for (int r = 0; r < G / 4; ++r) {
+                const __m512i q = col[r], q2 = _mm512_add_epi8(col[r], col[r]);
+                for (int i = 0; i < 3; ++i)
+                    _mm512_store_si512(c.b[i] + at + 64 * r, _mm512_add_epi8(_mm512_maskz_mov_epi8(bit[2 * i], q),
+                                                                             _mm512_maskz_mov_epi8(bit[2 * i + 1], q2)));
+                // the last part signed: bit 7 weighs -2
+                _mm512_store_si512(c.b[3] + at + 64 * r, _mm512_sub_epi8(_mm512_maskz_mov_epi8(bit[6], q),
+                                                                         _mm512_maskz_mov_epi8(bit[7], q2)));
+                _mm512_store_si512(c.b[C::PARTS] + at + 64 * r, off);
+            }
+        }
+    }
+}
+
+// tiles 0-3: a chunk of 16 rows' sums [16 rows][16 outputs] int32 by part (2 or 4), 4: by offset;
+// 5: x [16 rows][64 bytes]; 6, 7: B tiles [16 runs][16 outputs x 4 bytes], in turn
+AMX_INT8_TARGET inline void amx_super_configure() {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; ++t) {
+        c.rows[t] = 16;
+        c.colsb[t] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+// One chunk of 64 inputs into the sum tiles: x (A, tile 5) times each B tile of the chunk
+template <bool NIB>
+AMX_INT8_TARGET inline void super_products(const int8_t* xa, const SuperChunk<NIB>& c) {
+    _tile_loadd(5, xa, 64);
+    _tile_loadd(6, c.b[0], 64);
+    _tile_dpbsud(0, 5, 6);  // unsigned parts
+    _tile_loadd(7, c.b[1], 64);
+    if constexpr (NIB) {
+        _tile_dpbssd(1, 5, 7);  // the last part, signed
+        _tile_loadd(6, c.b[2], 64);
+        _tile_dpbssd(4, 5, 6);  // offsets
+    } else {
+        _tile_dpbsud(1, 5, 7);
+        _tile_loadd(6, c.b[2], 64);
+        _tile_dpbsud(2, 5, 6);
+        _tile_loadd(7, c.b[3], 64);
+        _tile_dpbssd(3, 5, 7);
+        _tile_loadd(6, c.b[4], 64);
+        _tile_dpbssd(4, 5, 6);
+    }
+}
+
+// Rows [0, wide) (a multiple of 16) of all blocks
+template <int G, bool NIB, int S, class Y>
+AMX_INT8_TARGET void amx_super_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs,
+                                       const float* bias, Y* y, int64_t ldy, int64_t wide, int64_t blocks, int64_t K) {
+    using C = SuperChunk<NIB>;
+    constexpr int CH = S / 64;
+    const int64_t KG = K / G, KS = K / S, ldw = NIB ? K / 2 : K;
+    // x's rows by chunks of 64 inputs, [K / 64][wide][64]: each A tile one contiguous KB (rows K
+    // bytes apart fell in few cache sets)
+    std::vector<int8_t> xt(wide * K);
+    for (int64_t m = 0; m < wide; ++m)
+        for (int64_t kc = 0; kc < K / 64; ++kc) memcpy(xt.data() + (kc * wide + m) * 64, xr.q.data() + m * K + kc * 64, 64);
+    // rows by panels whose x (read again for each block) stays in L2
+    const int64_t panel = std::max<int64_t>(16, std::min<int64_t>(wide, (int64_t(3) << 19) / K / 16 * 16));
+    for (int64_t p0 = 0; p0 < wide; p0 += panel) {
+        const int64_t rows = std::min(panel, wide - p0);
+        #pragma omp parallel
+        {
+            C chunks[CH];
+            alignas(64) int32_t sums[5][256];
+            std::vector<float> acc_store(rows * 16 + 16);
+            float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(acc_store.data()) + 63) & ~uintptr_t(63));
+            amx_super_configure();
+            #pragma omp for schedule(static)
+            for (int64_t blk = 0; blk < blocks; ++blk) {
+                const uint8_t* wb = w + blk * 16 * ldw;
+                const int8_t* scale = static_cast<const int8_t*>(gs.scale) + blk * KG * 16;
+                const int8_t* offset = static_cast<const int8_t*>(gs.offset) + blk * KG * 16;
+                for (int64_t i = 0; i < rows * 16; ++i) acc[i] = 0.0f;
+                for (int64_t s = 0; s < KS; ++s) {
+                    super_chunks<G, NIB, S>(wb, scale, offset, s, chunks);
+                    const __m512 f = _mm512_loadu_ps(gs.scale_super + (blk * KS + s) * 16);
+                    const __m512 o = _mm512_loadu_ps(gs.offset_super + (blk * KS + s) * 16);
+                    for (int64_t m0 = p0; m0 < p0 + rows; m0 += 16) {
+                        _tile_zero(0);
+                        _tile_zero(1);
+                        _tile_zero(4);
+                        if constexpr (!NIB) {
+                            _tile_zero(2);
+                            _tile_zero(3);
+                        }
+                        for (int c = 0; c < CH; ++c) super_products<NIB>(xt.data() + ((s * CH + c) * wide + m0) * 64, chunks[c]);
+                        _tile_stored(0, sums[0], 64);
+                        _tile_stored(1, sums[1], 64);
+                        _tile_stored(4, sums[4], 64);
+                        if constexpr (!NIB) {
+                            _tile_stored(2, sums[2], 64);
+                            _tile_stored(3, sums[3], 64);
+                        }
+                        for (int j = 0; j < 16; ++j) {
+                            float* a = acc + (m0 - p0 + j) * 16;
+                            __m512i dots = _mm512_load_si512(sums[0] + 16 * j);
+                            for (int i = 1; i < C::PARTS; ++i)
+                                dots = _mm512_add_epi32(dots, _mm512_slli_epi32(_mm512_load_si512(sums[i] + 16 * j), C::PB * i));
+                            _mm512_store_ps(a, super_step(_mm512_load_ps(a), dots, _mm512_load_si512(sums[4] + 16 * j),
+                                                          f, o, xr.d[(m0 + j) * KS + s]));
+                        }
+                    }
+                }
+                const int64_t n0 = blk * 16;
+                for (int64_t j = 0; j < rows; ++j)
+                    store_sums(y + (p0 + j) * ldy + n0, _mm512_load_ps(acc + j * 16), bias ? bias + n0 : nullptr);
+            }
+            _tile_release();
+        }
+    }
+}
+
+constexpr int64_t AMX_SUPER_MIN_ROWS_8BIT = 48;
+
+// Columns [0, N) (N % 16 == 0) of y, x quantized by superblocks of S (xr: q [M, K], d [M, K / S])
+template <int G, bool NIB, int S, class Y>
+VNNI_TARGET void vnni_super_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs, const float* bias,
+                                    Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    const int64_t KG = K / G, ldw = NIB ? K / 2 : K, blocks = N / 16;
+    std::vector<int32_t> xsum(M * KG);  // each row's and group's sum of quantized x
+    for (int64_t i = 0; i < M * KG; ++i) {
+        int32_t v = 0;
+        for (int k = 0; k < G; ++k) v += xr.q[i * G + k];
+        xsum[i] = v;
+    }
+    // rows on AMX tiles, the rest as below: from 16 rows for 4-bit values, from 48 for Q6_K, whose
+    // B tiles (4 parts) cost twice the 4-bit's to build, paid again for each panel (measured on
+    // Qwen2.5-Coder-1.5B's layers, Intel Xeon with AMX, 2 threads: 16 rows AMX 4.1 ms, VNNI 3.0;
+    // 32 rows 5.6 and 5.5; 64 rows 8.4 and 10.5)
+    const int64_t wide = grouped_wide_kernel && M >= (NIB ? 16 : AMX_SUPER_MIN_ROWS_8BIT) ? M / 16 * 16 : 0;
+    if (wide) {
+        amx_super_glinear<G, NIB, S>(xr, w, gs, bias, y, ldy, wide, blocks, K);
+        if (wide == M) return;
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const uint8_t* wb = w + blk * 16 * ldw;
+        for (int64_t m0 = wide; m0 < M; m0 += 8) {
+            switch (std::min<int64_t>(8, M - m0)) {
+#define SPECDEC_SUPER_ROWS(R) \
+    case R: vnni_super_rows<G, NIB, S, R>(xr, xsum.data(), wb, gs, bias, y, ldy, m0, blk, K); break;
+                SPECDEC_SUPER_ROWS(1) SPECDEC_SUPER_ROWS(2) SPECDEC_SUPER_ROWS(3) SPECDEC_SUPER_ROWS(4)
+                SPECDEC_SUPER_ROWS(5) SPECDEC_SUPER_ROWS(6) SPECDEC_SUPER_ROWS(7) SPECDEC_SUPER_ROWS(8)
+#undef SPECDEC_SUPER_ROWS
+                default: break;
+            }
+        }
+    }
+}
+#endif
+
+#ifdef SPECDEC_AMX
 // Columns [0, N) (N % 16 == 0) of y, x already quantized (xr: q [M, K], d [M, K / 32], sums [M, K / G])
 template <int G, bool NIB, bool SIGNED, bool OFF, int S, class Y>
 VNNI_TARGET void vnni_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs, const float* bias,
@@ -934,6 +1202,11 @@ int grouped(const void* x, bool x_bf16, const uint8_t* w, bool columns, const Gr
 #ifdef SPECDEC_AMX
     if (N % 16 == 0 && grouped_columns_kernel) {
         QuantizedRows xr;
+        if constexpr (OFF && S > 0 && (NIB || G == 16)) {  // Q4_K, Q6_K: integer sums by superblocks
+            quantize_rows<(S > 0 ? S : 32)>(x, x_bf16, M, K, G, xr);
+            vnni_super_glinear<G, NIB, (S > 0 ? S : 32)>(xr, w, gs, bias, y, ldy, M, N, K);
+            return 0;
+        }
         quantize_rows<32>(x, x_bf16, M, K, G, xr);
         vnni_glinear<G, NIB, SIGNED, OFF, S>(xr, w, gs, bias, y, ldy, M, N, K);
         return 0;
@@ -1391,7 +1664,7 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
 
 extern "C" {
 
-int specdec_kernels_version() { return 12; }
+int specdec_kernels_version() { return 13; }
 
 // Which kernel bfloat16 weights with bfloat16 inputs go through: 0 tile() (AVX2 + FMA), 1 AMX
 // (asks Linux for the tile state first). Set once, before any product, and kept: a row's bits

@@ -83,6 +83,10 @@ class Grouped:
         block of 16 rows, group by group, q's runs of 4 bytes of the 16 rows side by side, and
         each group's (or superblock's) 16 scales and offsets side by side. Needs N a multiple of 16."""
         N, B = self.q.shape
+        if self.bits == 8 and self.group == 16 and self.scale_super is not None and int(self.q.max()) >= 64:
+            # the kernel splits these scales in 2-bit parts, each product with a value a byte (rows.cpp)
+            raise ValueError("byte-a-value weights in groups of 16 with two levels of scales need values below 64 "
+                             "(Q6_K's)")
         q = self.q.reshape(N // 16, 16, *self._runs()).permute(0, 2, 3, 1, 4).contiguous().reshape(N, B)
         moved = {}
         for name in ("scale", "offset", "scale_super", "offset_super"):
