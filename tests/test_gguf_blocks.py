@@ -18,7 +18,7 @@ from specdec.kernels import build, invariant
 from specdec.models import bundled
 from specdec.models.checkpoint import load_native, open_model
 from specdec.models.gguf_blocks import BLOCK_SIZES, FOUR_BIT_FORMATS, requantized_4bit, unpack
-from specdec.models.grouped import GroupedLinear, load_grouped
+from specdec.models.grouped import GroupedLinear, MappedEmbedding, load_grouped
 
 gguf = pytest.importorskip("gguf")
 needs_kernels = pytest.mark.skipif(build.load() is None, reason=f"kernels unavailable: {build.unavailable()}")
@@ -206,7 +206,7 @@ def test_the_one_call_stack_is_the_layers_rows_and_each_row_alone(tiny_quantized
 
 def test_a_draft_read_in_4_bits_is_its_byte_a_value_parts_rounded(tiny_quantized):
     """Rounded as each tensor is read (the byte-a-value model never held whole): the same
-    weights as rounding the loaded model's parts; the embedding's lookups keep the file's."""
+    weights as rounding the loaded model's parts; the (untied) embedding's lookups keep the file's."""
     g = open_model(tiny_quantized).gguf_file
     whole, small = load_grouped(g, torch.float32), load_grouped(g, torch.float32, four_bit=True)
 
@@ -216,7 +216,11 @@ def test_a_draft_read_in_4_bits_is_its_byte_a_value_parts_rounded(tiny_quantized
     assert all(p.bits == 8 for p in parts(whole)) and all(p.bits == 4 for p in parts(small))
     for full, rounded in zip(parts(whole), parts(small), strict=True):
         assert torch.equal(rounded.dequantized(), requantized_4bit(full).dequantized())
-    assert small.model.embed_tokens.table.bits == 8
+    ids = torch.tensor([[0, 7, 255], [3, 3, 1]])
+    t = next(t for t in g.tensors if t.name == "token_embd.weight")
+    table = unpack(t.type_name, np.asarray(t.data).reshape(-1), tuple(int(n) for n in reversed(t.dims)))
+    assert isinstance(small.model.embed_tokens, MappedEmbedding)
+    assert torch.equal(small.model.embed_tokens(ids), table.dequantized(ids.reshape(-1)).reshape(2, 3, -1))
     with pytest.raises(SpecdecError, match="--draft-4bit needs"):
         load_runner(tiny_quantized, "float32", quantize="int8", four_bit=True)
 

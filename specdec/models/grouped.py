@@ -106,6 +106,25 @@ class GroupedEmbedding(nn.Module):
         return self.table.dequantized(flat).to(self.dtype).reshape(*ids.shape, self.embedding_dim)
 
 
+class MappedEmbedding(nn.Module):
+    """An untied embedding table left in the memory-mapped GGUF: a lookup dequantizes its rows'
+    blocks (gguf's dequantize, the values GroupedEmbedding gives), so only the pages of rows
+    looked up are ever resident (a 152k-token table unpacked was ~150 MB for the 0.5B draft)."""
+
+    def __init__(self, tensor, dtype: torch.dtype):
+        super().__init__()
+        _check_format(tensor)
+        self.blocks, self.kind, self.dtype = tensor.data, tensor.tensor_type, dtype
+        self.num_embeddings, self.embedding_dim = _shape(tensor)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        from gguf.quants import dequantize
+
+        rows = np.ascontiguousarray(self.blocks[ids.reshape(-1).numpy()])
+        values = torch.from_numpy(dequantize(rows, self.kind).astype(np.float32, copy=False))
+        return values.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
+
+
 def _register(module: nn.Module, name: str, part: Grouped) -> None:
     for field in ("q", "scale", "offset", "scale_super", "offset_super"):
         module.register_buffer(f"{name}_{field}", getattr(part, field), persistent=False)
@@ -116,12 +135,16 @@ def _shape(tensor) -> tuple[int, ...]:
 
 
 def _grouped(path, tensor) -> Grouped:
+    _check_format(tensor)
+    # read, not memory-mapped: the file's pages then stay out of the process's resident memory
+    raw = np.fromfile(path, dtype=np.uint8, count=int(tensor.n_bytes), offset=int(tensor.data_offset))
+    return unpack(tensor.tensor_type.name, raw, _shape(tensor))
+
+
+def _check_format(tensor) -> None:
     kind = tensor.tensor_type.name
-    shape = _shape(tensor)
     if kind in GROUPED_FORMATS:
-        # read, not memory-mapped: the file's pages then stay out of the process's resident memory
-        raw = np.fromfile(path, dtype=np.uint8, count=int(tensor.n_bytes), offset=int(tensor.data_offset))
-        return unpack(kind, raw, shape)
+        return
     if kind in FLOAT_FORMATS:
         raise SpecdecError(f"GGUF tensor {tensor.name!r} is {kind}; --quantize gguf needs quantized projections "
                            "(load this file without --quantize, or with --quantize int8/int4)")
@@ -161,10 +184,13 @@ def load_grouped(g: GGUFFile, dtype: torch.dtype, four_bit: bool = False) -> Lla
     with torch.device("meta"):
         model = LlamaModel(config)
     model.rope = RopeTable(rope_inv_freq(config))
-    embedding = for_kernels(_grouped(g.path, tensors["token_embd.weight"]))  # shared with a tied head
-    model.model.embed_tokens = GroupedEmbedding(embedding, dtype)
     head = tensors.get("output.weight")
-    model.lm_head = GroupedLinear([smaller(_grouped(g.path, head) if head is not None else embedding)], None, dtype,
+    if head is None:  # tied: one table for the lookups and the head
+        embedding = for_kernels(_grouped(g.path, tensors["token_embd.weight"]))
+        model.model.embed_tokens = GroupedEmbedding(embedding, dtype)
+    else:
+        model.model.embed_tokens = MappedEmbedding(tensors["token_embd.weight"], dtype)
+    model.lm_head = GroupedLinear([smaller(_grouped(g.path, head)) if head is not None else embedding], None, dtype,
                                   split=False)
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
