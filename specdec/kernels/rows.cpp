@@ -1130,9 +1130,9 @@ VNNI_TARGET void vnni_super_glinear(const QuantizedRows& xr, const uint8_t* w, c
         xsum[i] = v;
     }
     // rows on AMX tiles, the rest as below: from 16 rows for 4-bit values, from 48 for Q6_K, whose
-    // B tiles (4 parts) cost twice the 4-bit's to build, paid again for each panel (measured on
-    // Qwen2.5-Coder-1.5B's layers, Intel Xeon with AMX, 2 threads: 16 rows AMX 4.1 ms, VNNI 3.0;
-    // 32 rows 5.6 and 5.5; 64 rows 8.4 and 10.5)
+    // B tiles (4 parts) cost more to build, paid again for each panel (Qwen2.5-Coder-1.5B's layers
+    // 0-3, Intel Xeon with AMX, 2 threads, AMX vs VNNI: 16 rows 4.1 vs 3.0 ms, 64 rows 8.4 vs 10.5;
+    // 48 rows 6.0-11.0 vs 10.6-11.2 after the masked-move build)
     const int64_t wide = grouped_wide_kernel && M >= (NIB ? 16 : AMX_SUPER_MIN_ROWS_8BIT) ? M / 16 * 16 : 0;
     if (wide) {
         amx_super_glinear<G, NIB, S>(xr, w, gs, bias, y, ldy, wide, blocks, K);
