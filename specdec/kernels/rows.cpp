@@ -693,6 +693,17 @@ VNNI_TARGET inline __m512 group_step(__m512 acc, __m512i dot, __m512 f, __m512 o
     return acc;
 }
 
+// Each of the first n groups of G values of x's quantized rows summed: [M, K / G] for n = M * K / G
+inline std::vector<int32_t> group_sums(const QuantizedRows& xr, int64_t n, int64_t G) {
+    std::vector<int32_t> sums(n);
+    for (int64_t i = 0; i < n; ++i) {
+        int32_t v = 0;
+        for (int64_t k = 0; k < G; ++k) v += xr.q[i * G + k];
+        sums[i] = v;
+    }
+    return sums;
+}
+
 // Group g's weights for block wb's 16 outputs as G / 4 runs of 4 inputs (vnni_rows's order)
 template <int G, bool NIB>
 VNNI_TARGET inline void group_runs(const uint8_t* wc, __m512i* col) {
@@ -795,12 +806,9 @@ AMX_INT8_TARGET inline void amx_issue(const int8_t* xg, int64_t ldx, const uint8
     for (int b = 0; b < nb; ++b) {
         const void* w = runs[b];
         if constexpr (NIB) {  // the runs' nibbles as bytes, in vnni_rows's order
-            const __m512i low = _mm512_set1_epi8(0x0F);
-            for (int j = 0; j < 4; ++j) {
-                const __m512i t = _mm512_loadu_si512(runs[b] + 64 * j);
-                _mm512_store_si512(unpacked[b] + 64 * j, _mm512_and_si512(t, low));
-                _mm512_store_si512(unpacked[b] + 64 * (4 + j), _mm512_and_si512(_mm512_srli_epi16(t, 4), low));
-            }
+            __m512i col[8];
+            group_runs<32, true>(runs[b], col);
+            for (int j = 0; j < 8; ++j) _mm512_store_si512(unpacked[b] + 64 * j, col[j]);
             w = unpacked[b];
         }
         // tile numbers must be constants
@@ -974,17 +982,16 @@ AMX_INT8_TARGET inline void super_chunks(const uint8_t* wb, const int8_t* scale,
         C& c = out[h * G / 64];
         const int64_t at = (h * G % 64) / 4 * 64;  // the group's first B row in its chunk
         const __m512i sc = load_i8x16(scale + g * 16);
-        __m512i part[C::PARTS];  // 4-bit: each output's part in both 16-bit lanes of its 4 bytes
-        for (int i = 0; i < (NIB ? C::PARTS : 0); ++i) {
-            __m512i p = _mm512_srai_epi32(sc, C::PB * i);
-            if (i + 1 < C::PARTS) p = _mm512_and_si512(p, _mm512_set1_epi32((1 << C::PB) - 1));
-            part[i] = _mm512_or_si512(_mm512_and_si512(p, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(p, 16));
-        }
         const __m512i off = _mm512_mullo_epi32(_mm512_and_si512(load_i8x16(offset + g * 16), _mm512_set1_epi32(0xFF)),
                                                _mm512_set1_epi32(0x01010101));
         __m512i col[G / 4];
         group_runs<G, NIB>(wb + g * GB * 16, col);
-        if constexpr (NIB) {
+        if constexpr (NIB) {  // 4-bit parts: q * part as 16-bit products of the even and odd bytes
+            const __m512i lo = _mm512_and_si512(sc, _mm512_set1_epi32(15)), hi = _mm512_srai_epi32(sc, 4);
+            // each output's part in both 16-bit lanes of its 4 bytes
+            const __m512i part[2] = {_mm512_or_si512(lo, _mm512_slli_epi32(lo, 16)),
+                                     _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0xFFFF)),
+                                                     _mm512_slli_epi32(hi, 16))};
             for (int r = 0; r < G / 4; ++r) {
                 const __m512i qe = _mm512_and_si512(col[r], even), qo = _mm512_srli_epi16(col[r], 8);
                 for (int i = 0; i < C::PARTS; ++i) {
@@ -1123,12 +1130,7 @@ template <int G, bool NIB, int S, class Y>
 VNNI_TARGET void vnni_super_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs, const float* bias,
                                     Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
     const int64_t KG = K / G, ldw = NIB ? K / 2 : K, blocks = N / 16;
-    std::vector<int32_t> xsum(M * KG);  // each row's and group's sum of quantized x
-    for (int64_t i = 0; i < M * KG; ++i) {
-        int32_t v = 0;
-        for (int k = 0; k < G; ++k) v += xr.q[i * G + k];
-        xsum[i] = v;
-    }
+    const std::vector<int32_t> xsum = group_sums(xr, M * KG, G);
     // rows on AMX tiles, the rest as below: from 16 rows for 4-bit values, from 48 for Q6_K, whose
     // B tiles (4 parts) cost more to build, paid again for each panel (Qwen2.5-Coder-1.5B's layers
     // 0-3, Intel Xeon with AMX, 2 threads, AMX vs VNNI: 16 rows 4.1 vs 3.0 ms, 64 rows 8.4 vs 10.5;
@@ -1162,12 +1164,7 @@ VNNI_TARGET void vnni_glinear(const QuantizedRows& xr, const uint8_t* w, const G
                               Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
     static_assert(!NIB || G == 32, "4-bit weights come in groups of 32");
     const int64_t KG = K / G, ldw = NIB ? K / 2 : K, blocks = N / 16;
-    std::vector<int32_t> xsum_q(SIGNED ? M * KG : 0);  // each group's sum of quantized x
-    for (int64_t i = 0; i < int64_t(xsum_q.size()); ++i) {
-        int32_t v = 0;
-        for (int k = 0; k < G; ++k) v += xr.q[i * G + k];
-        xsum_q[i] = v;
-    }
+    const std::vector<int32_t> xsum_q = SIGNED ? group_sums(xr, M * KG, G) : std::vector<int32_t>();
     const int32_t* sums = xsum_q.data();
     const int64_t wide = grouped_wide_kernel ? M / 16 * 16 : 0;  // rows on AMX tiles, the rest as below
     if (wide) {
