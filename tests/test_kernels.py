@@ -145,6 +145,26 @@ def test_grouped_weights_with_bfloat16_inputs_are_accurate_and_row_invariant_on_
             assert torch.equal(product(x), y), layout
 
 
+@needs_kernels
+@pytest.mark.parametrize("layout", ["Q4_K", "Q6_K"])
+def test_the_tiles_rows_in_several_panels_have_vnnis_bits(layout):
+    """Rows wide enough that the AMX kernel takes x in several panels (rows.cpp amx_super_glinear:
+    each panel's quantized x within 1.5 MB): still each row's VNNI bits."""
+    g = torch.Generator().manual_seed(6)
+    N, K, M = 32, 8192, 208
+    laid = _grouped(layout, N, K, g).in_columns()
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+
+    def product():
+        return invariant.linear_grouped(x, laid.q, laid.scale, laid.offset, laid.group, None, bits=laid.bits,
+                                        scale_super=laid.scale_super, offset_super=laid.offset_super,
+                                        out=torch.empty(M, N), columns=True)
+    with grouped_kernel("vnni+amx"):
+        tiles = product()
+    with grouped_kernel("vnni"):
+        assert torch.equal(product(), tiles)
+
+
 @pytest.mark.parametrize("layout,K", [("Q4_K", 512), ("Q6_K", 512), ("Q8_0", 160)])
 def test_the_columns_layout_keeps_every_weight(layout, K):
     grouped = _grouped(layout, 48, K, torch.Generator().manual_seed(5))
