@@ -242,7 +242,8 @@ def test_a_slow_header_is_remembered_and_read_back_until_the_file_changes(tiny_d
 
 
 def test_files_with_one_vocabulary_share_one_tokenizer(tiny_dir, tmp_path):
-    """A draft of the target's family rebuilds no second tokenizer (1.4 s, ~80 MB at 152k)."""
+    """A draft of the target's family rebuilds no second tokenizer (1.4 s, ~50 MB at 152k), even
+    with another chat template (the Qwen2.5-Coder pair's differ only there); each keeps its template."""
     a, b = write_from(tiny_dir, tmp_path / "a.gguf"), write_from(tiny_dir, tmp_path / "b.gguf", "q8_0")
     (tok_a, cfg_a), (tok_b, cfg_b) = open_model(a).tokenizer(), open_model(b).tokenizer()
     assert tok_a is tok_b and cfg_a == cfg_b and cfg_a is not cfg_b
@@ -262,7 +263,7 @@ def test_files_with_one_vocabulary_share_one_tokenizer(tiny_dir, tmp_path):
     w.write_tensors_to_file()
     w.close()
     tok_d, cfg_d = open_model(tmp_path / "d.gguf").tokenizer()
-    assert tok_d is not tok_a and cfg_d["chat_template"] == CHATML and "chat_template" not in cfg_a
+    assert tok_d is tok_a and cfg_d["chat_template"] == CHATML and "chat_template" not in cfg_a
 
 
 @pytest.mark.parametrize("outtype", ["q8_0", "q4_0", "q4_1", "f16", "bf16"])

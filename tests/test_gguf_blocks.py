@@ -18,7 +18,7 @@ from specdec.kernels import build, invariant
 from specdec.models import bundled
 from specdec.models.checkpoint import load_native, open_model
 from specdec.models.gguf_blocks import BLOCK_SIZES, FOUR_BIT_FORMATS, requantized_4bit, unpack
-from specdec.models.grouped import GroupedLinear, MappedEmbedding, load_grouped
+from specdec.models.grouped import FileEmbedding, GroupedLinear, load_grouped
 
 gguf = pytest.importorskip("gguf")
 needs_kernels = pytest.mark.skipif(build.load() is None, reason=f"kernels unavailable: {build.unavailable()}")
@@ -219,8 +219,10 @@ def test_a_draft_read_in_4_bits_is_its_byte_a_value_parts_rounded(tiny_quantized
     ids = torch.tensor([[0, 7, 255], [3, 3, 1]])
     t = next(t for t in g.tensors if t.name == "token_embd.weight")
     table = unpack(t.type_name, np.asarray(t.data).reshape(-1), tuple(int(n) for n in reversed(t.dims)))
-    assert isinstance(small.model.embed_tokens, MappedEmbedding)
+    assert isinstance(small.model.embed_tokens, FileEmbedding)
     assert torch.equal(small.model.embed_tokens(ids), table.dequantized(ids.reshape(-1)).reshape(2, 3, -1))
+    with pytest.raises(IndexError, match="token ids must lie in"):
+        small.model.embed_tokens(torch.tensor([t.dims[1]]))
     with pytest.raises(SpecdecError, match="--draft-4bit needs"):
         load_runner(tiny_quantized, "float32", quantize="int8", four_bit=True)
 

@@ -24,6 +24,7 @@ from specdec.engine.text import TextTokenizer
 from specdec.errors import SpecdecError
 from specdec.models.bundled import DEFAULT_TARGET, default_head, default_quantize
 from specdec.models.gguf import release_readers
+from specdec.models.heap import loading_heap
 from specdec.sampling import SamplingParams
 from specdec.sampling.grammar import Grammar, grammar_from_response_format
 from specdec.spec.control.memory import ControllerMemory, default_path
@@ -175,6 +176,11 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, **op
 def load_config(config: DecoderConfig) -> SpecDecoder:
     """The decoder DecoderConfig describes (checked first: a clear error for each bad field)."""
     config.check()
+    with loading_heap():  # the pair's peak memory was its load's, ~80 MB above decoding's
+        return _load(config)
+
+
+def _load(config: DecoderConfig) -> SpecDecoder:
     c = config
     target_path = Path(c.target) if c.target is not None else DEFAULT_TARGET
     quantize = c.quantize if c.quantize is not None else default_quantize(c.target)

@@ -6,7 +6,6 @@ GGUF is a plain tensor container (no pickle), so it is allowed next to safetenso
 dequantized with the `gguf` package. The tokenizer: gguf_tokenizer.py."""
 from __future__ import annotations
 
-import ctypes
 import functools
 import gc
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.models.gguf_header import TensorInfo, read_header
+from specdec.models.heap import trim_heap
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")  # Mistral models are stored as "llama" in GGUF
 # convert_hf_to_gguf.py interleaves the Q/K rows of these (llama.cpp's "normal" rope layout);
@@ -99,14 +99,6 @@ def release_readers() -> None:
     _open_cached.cache_clear()
     gc.collect()
     trim_heap()
-
-
-def trim_heap() -> None:
-    """glibc's malloc_trim where the C library has it (Linux); nothing elsewhere."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError):
-        pass
 
 
 def _field_values(fields) -> dict[str, Any]:

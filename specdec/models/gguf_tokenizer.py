@@ -14,36 +14,41 @@ from specdec.models.gguf import GGUFFile
 
 # llama.cpp pre-tokenizers that split every digit off before the GPT-2 regex (llama-vocab.cpp).
 DIGITS_FIRST_PRE = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva")
-_BUILT: dict[str, tuple[Any, dict[str, Any]]] = {}  # digest of the tokenizer metadata -> built
+_BUILT: dict[str, Any] = {}  # digest of the tokenizer.ggml.* fields -> tokenizers.Tokenizer
 _KEEP = 2
 
 
 def build_tokenizer(g: GGUFFile):
     """(tokenizers.Tokenizer, tokenizer_config dict) rebuilt from the GGUF's vocabulary (the
-    Tokenizer shared by files with the same tokenizer metadata; the dict a copy)."""
-    tokenizer_meta = {k: v for k, v in g.metadata.items() if k.startswith("tokenizer.")}
-    digest = hashlib.sha256(json.dumps([g.architecture, tokenizer_meta], sort_keys=True).encode()).hexdigest()
+    Tokenizer shared by files with the same `tokenizer.ggml.*` fields, whatever their chat
+    templates: the Qwen2.5-Coder pair's differ only there; the dict built for this file)."""
+    vocabulary = {k: v for k, v in g.metadata.items() if k.startswith("tokenizer.ggml.")}
+    digest = hashlib.sha256(json.dumps([g.architecture, vocabulary], sort_keys=True).encode()).hexdigest()
     if digest not in _BUILT:
         while len(_BUILT) >= _KEEP:
             _BUILT.pop(next(iter(_BUILT)))
         _BUILT[digest] = _build(g)
-    tok, config = _BUILT[digest]
-    return tok, dict(config)
+    return _BUILT[digest], _config(g)
 
 
-def _build(g: GGUFFile):
-    from tokenizers import pre_tokenizers
-
-    meta = g.metadata
-    tokens = meta.get("tokenizer.ggml.tokens")
-    if not tokens:
-        raise SpecdecError(f"GGUF {str(g.path)!r} has no tokenizer (tokenizer.ggml.tokens is missing)")
+def _spec(g: GGUFFile) -> dict[str, Any]:
+    """transformers' names for the GGUF's tokenizer fields."""
     renames = {"model": "tokenizer_type", "pre": "pre_tokenizer_type", "tokens": "tokens",
                "scores": "scores", "token_type": "token_type", "merges": "merges",
                "bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
                "unknown_token_id": "unk_token_id", "padding_token_id": "pad_token_id",
                "add_space_prefix": "add_prefix_space", "precompiled_charsmap": "precompiled_charsmap"}
-    spec = {new: meta[f"tokenizer.ggml.{old}"] for old, new in renames.items() if f"tokenizer.ggml.{old}" in meta}
+    return {new: g.metadata[f"tokenizer.ggml.{old}"] for old, new in renames.items()
+            if f"tokenizer.ggml.{old}" in g.metadata}
+
+
+def _build(g: GGUFFile):
+    from tokenizers import pre_tokenizers
+
+    tokens = g.metadata.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise SpecdecError(f"GGUF {str(g.path)!r} has no tokenizer (tokenizer.ggml.tokens is missing)")
+    spec = _spec(g)
     kind, pre = spec.get("tokenizer_type"), spec.get("pre_tokenizer_type")
     convert, known_splits = _transformers_converter()
     if kind == "gpt2" and pre not in ("gpt-2", "default", None, *DIGITS_FIRST_PRE, *known_splits):
@@ -58,6 +63,13 @@ def _build(g: GGUFFile):
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
+    return tok
+
+
+def _config(g: GGUFFile) -> dict[str, Any]:
+    """tokenizer_config-style settings: special tokens' text, BOS/EOS flags, chat template."""
+    meta, spec = g.metadata, _spec(g)
+    tokens = meta.get("tokenizer.ggml.tokens") or []
     config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
     for name in ("bos", "eos", "unk", "pad"):
         i = spec.get(f"{name}_token_id")
@@ -68,7 +80,7 @@ def _build(g: GGUFFile):
             config[key] = bool(meta[f"tokenizer.ggml.{key}"])
     if isinstance(meta.get("tokenizer.chat_template"), str):
         config["chat_template"] = meta["tokenizer.chat_template"]
-    return tok, config
+    return config
 
 
 def _transformers_converter():

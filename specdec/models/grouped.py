@@ -21,7 +21,8 @@ from specdec.kernels import build, invariant
 from specdec.models.config import ModelConfig
 from specdec.models.exact import rows_alone
 from specdec.models.gguf import PERMUTED_ARCHITECTURES, GGUFFile, hf_config, unpermute_qk
-from specdec.models.gguf_blocks import GROUPED_FORMATS, Grouped, for_kernels, requantized_4bit, unpack
+from specdec.models.gguf_blocks import FOUR_BIT_FORMATS, GROUPED_FORMATS, Grouped, for_kernels, requantized_4bit, unpack
+from specdec.models.gguf_blocks import four_bit as rounded_4bit
 from specdec.models.llama import LlamaModel
 from specdec.models.rope import RopeTable, rope_inv_freq
 from specdec.models.stack import MAX_PARTS, LayerStack, kernel_takes
@@ -106,22 +107,33 @@ class GroupedEmbedding(nn.Module):
         return self.table.dequantized(flat).to(self.dtype).reshape(*ids.shape, self.embedding_dim)
 
 
-class MappedEmbedding(nn.Module):
-    """An untied embedding table left in the memory-mapped GGUF: a lookup dequantizes its rows'
-    blocks (gguf's dequantize, the values GroupedEmbedding gives), so only the pages of rows
-    looked up are ever resident (the 0.5B draft's 152k-token table unpacked: ~300 MB off the pair's peak)."""
+class FileEmbedding(nn.Module):
+    """An untied embedding table left in the GGUF file: a lookup reads its rows' blocks from the
+    file and dequantizes them (gguf's dequantize, the values GroupedEmbedding gives), so the
+    table takes no memory of the process (both Qwen2.5-Coder tables: ~210 MB). Read, not
+    memory-mapped: the kernel maps the pages around each faulting row too (~64 KB), so a map held
+    ~100 MB resident after six prompts' worth of distinct tokens."""
 
     def __init__(self, tensor, dtype: torch.dtype):
         super().__init__()
         _check_format(tensor)
-        self.blocks, self.kind, self.dtype = tensor.data, tensor.tensor_type, dtype
+        self.path, self.kind, self.dtype = tensor.path, tensor.tensor_type, dtype
         self.num_embeddings, self.embedding_dim = _shape(tensor)
+        self.row_bytes = tensor.n_bytes // self.num_embeddings
+        self.data_offset = tensor.data_offset
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         from gguf.quants import dequantize
 
-        rows = np.ascontiguousarray(self.blocks[ids.reshape(-1).numpy()])
-        values = torch.from_numpy(dequantize(rows, self.kind).astype(np.float32, copy=False))
+        wanted, where = np.unique(ids.reshape(-1).numpy(), return_inverse=True)
+        if len(wanted) and not 0 <= wanted[0] <= wanted[-1] < self.num_embeddings:
+            raise IndexError(f"token ids must lie in [0, {self.num_embeddings}); got {wanted[0]}..{wanted[-1]}")
+        rows = np.empty((len(wanted), self.row_bytes), dtype=np.uint8)
+        with open(self.path, "rb", buffering=0) as f:  # opened per lookup: no descriptor outlives a call
+            for row, token in zip(rows, wanted.tolist()):
+                f.seek(self.data_offset + token * self.row_bytes)
+                f.readinto(row)
+        values = torch.from_numpy(dequantize(rows, self.kind).astype(np.float32, copy=False))[torch.from_numpy(where)]
         return values.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
 
 
@@ -134,11 +146,24 @@ def _shape(tensor) -> tuple[int, ...]:
     return tuple(int(n) for n in reversed(tensor.shape.tolist()))
 
 
-def _grouped(path, tensor) -> Grouped:
+def _grouped(path, tensor, in_4bit: bool = False, rows_per_read: int = 1024) -> Grouped:
+    """A GGUF tensor's blocks in the grouped layout; in_4bit: byte-a-value formats rounded to 4
+    bits (gguf_blocks.four_bit) a slice of rows at a time, as they are read, so neither the file's
+    bytes nor the byte-a-value form is ever held whole (the 0.5B draft's 152k-row head: ~280 MB)."""
     _check_format(tensor)
-    # read, not memory-mapped: the file's pages then stay out of the process's resident memory
-    raw = np.fromfile(path, dtype=np.uint8, count=int(tensor.n_bytes), offset=int(tensor.data_offset))
-    return unpack(tensor.tensor_type.name, raw, _shape(tensor))
+    kind, (N, K) = tensor.tensor_type.name, _shape(tensor)
+    row_bytes = int(tensor.n_bytes) // N
+
+    def read(rows: slice) -> Grouped:
+        start, stop, _ = rows.indices(N)
+        # read, not memory-mapped: the file's pages then stay out of the process's resident memory
+        raw = np.fromfile(path, dtype=np.uint8, count=(stop - start) * row_bytes,
+                          offset=int(tensor.data_offset) + start * row_bytes)
+        return unpack(kind, raw, (stop - start, K))
+
+    if in_4bit and kind not in FOUR_BIT_FORMATS and K % 32 == 0:
+        return rounded_4bit(lambda rows: read(rows).dequantized(), N, K, rows_per_read)
+    return read(slice(None))
 
 
 def _check_format(tensor) -> None:
@@ -170,15 +195,13 @@ def load_grouped(g: GGUFFile, dtype: torch.dtype, four_bit: bool = False) -> Lla
     heads = {"q": config.num_attention_heads, "k": config.num_key_value_heads}
 
     def projection(name: str) -> Grouped:
-        part = _grouped(g.path, tensors[name])
         kind = name.split(".")[-2].removeprefix("attn_")
-        if g.architecture in PERMUTED_ARCHITECTURES and kind in heads:  # llama.cpp's row order -> HF's
-            q, scale, offset, scale_super, offset_super = (None if t is None else unpermute_qk(t, heads[kind])
-                                                           for t in part.tensors)
-            part = Grouped(q, scale, offset, part.group, part.bits, scale_super, offset_super)
-        return smaller(part)
-
-    def smaller(part: Grouped) -> Grouped:
+        if g.architecture not in PERMUTED_ARCHITECTURES or kind not in heads:
+            return _grouped(g.path, tensors[name], four_bit)
+        part = _grouped(g.path, tensors[name])  # llama.cpp's row order -> HF's, then rounded
+        q, scale, offset, scale_super, offset_super = (None if t is None else unpermute_qk(t, heads[kind])
+                                                       for t in part.tensors)
+        part = Grouped(q, scale, offset, part.group, part.bits, scale_super, offset_super)
         return requantized_4bit(part) if four_bit and part.bits == 8 and part.shape[1] % 32 == 0 else part
 
     with torch.device("meta"):
@@ -189,8 +212,8 @@ def load_grouped(g: GGUFFile, dtype: torch.dtype, four_bit: bool = False) -> Lla
         embedding = for_kernels(_grouped(g.path, tensors["token_embd.weight"]))
         model.model.embed_tokens = GroupedEmbedding(embedding, dtype)
     else:
-        model.model.embed_tokens = MappedEmbedding(tensors["token_embd.weight"], dtype)
-    model.lm_head = GroupedLinear([smaller(_grouped(g.path, head)) if head is not None else embedding], None, dtype,
+        model.model.embed_tokens = FileEmbedding(tensors["token_embd.weight"], dtype)
+    model.lm_head = GroupedLinear([_grouped(g.path, head, four_bit) if head is not None else embedding], None, dtype,
                                   split=False)
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp

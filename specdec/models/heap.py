@@ -1,0 +1,53 @@
+"""glibc's heap while models load: unpacking a GGUF makes many short-lived arrays of a few MB
+beside the tensors that stay, and glibc keeps what they freed for reuse, so the process's
+resident memory ran ~150 MB above what it holds. Elsewhere (no glibc) these do nothing."""
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+# mallopt parameters (glibc's malloc.h)
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+# While loading: blocks from 256 KB get their own mapping, unmapped when freed.
+LOADING_MMAP_BYTES = 256 * 1024
+LOADING_TRIM_BYTES = 1024 * 1024
+# After: the ceilings glibc's own adaptive limits climb to (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit,
+# and twice that for the trim), so a prefill's activations of up to 32 MB reuse heap pages
+# instead of faulting in fresh ones each pass (measured: ~0.3 s on a 439-token prefill).
+RUNNING_MMAP_BYTES = 32 * 1024 * 1024
+RUNNING_TRIM_BYTES = 64 * 1024 * 1024
+
+
+def _libc():
+    try:
+        libc = ctypes.CDLL(None)
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def trim_heap() -> None:
+    """Hand the heap's free pages back to the system (glibc's malloc_trim)."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+@contextmanager
+def loading_heap() -> Iterator[None]:
+    """Within: large blocks mapped on their own and freed pages handed back at once; after: the
+    running limits above, and the heap trimmed."""
+    libc = _libc()
+    if libc is None:
+        yield
+        return
+    libc.mallopt(M_MMAP_THRESHOLD, LOADING_MMAP_BYTES)
+    libc.mallopt(M_TRIM_THRESHOLD, LOADING_TRIM_BYTES)
+    try:
+        yield
+    finally:
+        libc.mallopt(M_MMAP_THRESHOLD, RUNNING_MMAP_BYTES)
+        libc.mallopt(M_TRIM_THRESHOLD, RUNNING_TRIM_BYTES)
+        libc.malloc_trim(0)
