@@ -146,10 +146,11 @@ def _shape(tensor) -> tuple[int, ...]:
     return tuple(int(n) for n in reversed(tensor.shape.tolist()))
 
 
-def _grouped(path, tensor, in_4bit: bool = False, rows_per_read: int = 1024) -> Grouped:
-    """A GGUF tensor's blocks in the grouped layout; in_4bit: byte-a-value formats rounded to 4
-    bits (gguf_blocks.four_bit) a slice of rows at a time, as they are read, so neither the file's
-    bytes nor the byte-a-value form is ever held whole (the 0.5B draft's 152k-row head: ~280 MB)."""
+def _grouped(path, tensor, in_4bit: bool = False, rows_per_read: int = 128) -> Grouped:
+    """A GGUF tensor's blocks in the grouped layout, unpacked rows_per_read rows at a time (each
+    slice's temporaries a few MB, reused from the heap: heap.py); in_4bit: byte-a-value formats
+    rounded to 4 bits (gguf_blocks.four_bit) slice by slice as they are read, so neither the
+    file's bytes nor the byte-a-value form is ever held whole (the 0.5B draft's head: ~280 MB)."""
     _check_format(tensor)
     kind, (N, K) = tensor.tensor_type.name, _shape(tensor)
     row_bytes = int(tensor.n_bytes) // N
@@ -159,7 +160,7 @@ def _grouped(path, tensor, in_4bit: bool = False, rows_per_read: int = 1024) -> 
         # read, not memory-mapped: the file's pages then stay out of the process's resident memory
         raw = np.fromfile(path, dtype=np.uint8, count=(stop - start) * row_bytes,
                           offset=int(tensor.data_offset) + start * row_bytes)
-        return unpack(kind, raw, (stop - start, K))
+        return unpack(kind, raw, (stop - start, K), rows_per_call=rows_per_read)
 
     if in_4bit and kind not in FOUR_BIT_FORMATS and K % 32 == 0:
         return rounded_4bit(lambda rows: read(rows).dequantized(), N, K, rows_per_read)
