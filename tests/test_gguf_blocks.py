@@ -4,6 +4,7 @@ float copy; and the split packaged models (qwen-coder) assembled from their part
 import hashlib
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -225,6 +226,16 @@ def test_a_draft_read_in_4_bits_is_its_byte_a_value_parts_rounded(tiny_quantized
         small.model.embed_tokens(torch.tensor([t.dims[1]]))
     with pytest.raises(SpecdecError, match="--draft-4bit needs"):
         load_runner(tiny_quantized, "float32", quantize="int8", four_bit=True)
+
+
+def test_an_embedding_read_from_a_file_cut_short_names_the_problem(tiny_quantized, tmp_path):
+    t = next(t for t in open_model(tiny_quantized).gguf_file.tensors if t.name == "token_embd.weight")
+    copy = tmp_path / "cut.gguf"
+    copy.write_bytes(Path(t.path).read_bytes()[:t.data_offset + 3 * t.n_bytes // t.dims[1]])  # 3 rows left
+    table = FileEmbedding(replace(t, path=copy), torch.float32)
+    assert table(torch.tensor([2, 0])).shape == (2, t.dims[0])
+    with pytest.raises(SpecdecError, match="ends inside token 3's embedding row"):
+        table(torch.tensor([1, 3]))
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])

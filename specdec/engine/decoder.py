@@ -176,7 +176,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, **op
 def load_config(config: DecoderConfig) -> SpecDecoder:
     """The decoder DecoderConfig describes (checked first: a clear error for each bad field)."""
     config.check()
-    with loading_heap():  # the pair's peak memory was its load's, ~80 MB above decoding's
+    with loading_heap():  # the pair's peak memory was its load's, ~100 MB above decoding's
         return _load(config)
 
 

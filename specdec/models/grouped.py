@@ -132,7 +132,9 @@ class FileEmbedding(nn.Module):
         with open(self.path, "rb", buffering=0) as f:  # opened per lookup: no descriptor outlives a call
             for row, token in zip(rows, wanted.tolist()):
                 f.seek(self.data_offset + token * self.row_bytes)
-                f.readinto(row)
+                if f.readinto(row) != self.row_bytes:
+                    raise SpecdecError(f"GGUF {str(self.path)!r} ends inside token {token}'s embedding row "
+                                       "(truncated file?)")
         values = torch.from_numpy(dequantize(rows, self.kind).astype(np.float32, copy=False))[torch.from_numpy(where)]
         return values.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
 
