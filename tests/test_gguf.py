@@ -266,6 +266,37 @@ def test_files_with_one_vocabulary_share_one_tokenizer(tiny_dir, tmp_path):
     assert tok_d is tok_a and cfg_d["chat_template"] == CHATML and "chat_template" not in cfg_a
 
 
+def test_a_slow_tokenizer_build_is_remembered_and_read_back_without_transformers(tiny_dir, tmp_path, monkeypatch):
+    """transformers' conversion takes ~2 s on a 152k vocabulary: its tokenizer.json is kept and
+    read back by `tokenizers` (the conversion not called), the same ids; a damaged file is rebuilt."""
+    from specdec.models import gguf_tokenizer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_tokenizer, "REMEMBER_AFTER_SECONDS", 0.0)  # this small vocabulary builds fast
+    monkeypatch.setattr(gguf_tokenizer, "_BUILT", {})
+    path = write_from(tiny_dir, tmp_path / "t.gguf")
+    texts = ["def f(x):\n    return x + 12345", "ünïcødé <|im_start|>", ""]
+    built = TextTokenizer(path)
+    want = [built.encode(t) for t in texts]
+    files = list(gguf_tokenizer.tokenizers_dir().glob("*.json"))
+    assert len(files) == 1
+    gguf_tokenizer._BUILT.clear()
+    build = gguf_tokenizer._build
+
+    def no_build(g):
+        raise AssertionError("the remembered tokenizer should have been read")
+
+    monkeypatch.setattr(gguf_tokenizer, "_build", no_build)
+    again = TextTokenizer(path)
+    assert [again.encode(t) for t in texts] == want and again.config == built.config
+    files[0].write_text("{not json")
+    gguf_tokenizer._BUILT.clear()
+    monkeypatch.setattr(gguf_tokenizer, "_build", build)
+    rebuilt = TextTokenizer(path)
+    assert [rebuilt.encode(t) for t in texts] == want
+    assert "not json" not in files[0].read_text()  # written again
+
+
 @pytest.mark.parametrize("outtype", ["q8_0", "q4_0", "q4_1", "f16", "bf16"])
 def test_quantized_gguf_matches_its_dequantized_weights(tiny_dir, tmp_path, outtype):
     """Reference: the folder's weights quantized and dequantized by gguf in Hugging Face row
