@@ -108,10 +108,16 @@ def _remember(key: dict, metadata: dict[str, Any], tensors: list[TensorInfo]) ->
     file = _file_for(key)
     record = {"key": key, "metadata": metadata,
               "tensors": [[t.name, t.type_name, list(t.dims), t.n_bytes, t.data_offset] for t in tensors]}
+    write_cached(file, json.dumps(record, ensure_ascii=False))
+
+
+def write_cached(file: Path, text: str) -> None:
+    """Write a cache file whole or not at all (a reader never sees half a file); a read-only
+    cache is skipped: the work is redone each time, as without one."""
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         partial = file.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(record, ensure_ascii=False))
-        partial.replace(file)  # atomic: a reader never sees half a file
-    except OSError:  # a read-only cache: parse each time, as before
+        partial.write_text(text)
+        partial.replace(file)
+    except OSError:
         pass

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from importlib import metadata
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 from specdec.errors import SpecdecError
 from specdec.models.gguf import GGUFFile
-from specdec.models.gguf_header import headers_dir
+from specdec.models.gguf_header import headers_dir, write_cached
 
 TOKENIZER_FORMAT = 1  # bump when what _build makes changes
 REMEMBER_AFTER_SECONDS = 1.0
@@ -76,14 +75,7 @@ def _build_and_remember(g: GGUFFile, digest: str):
     start = time.perf_counter()
     tok = _build(g)
     if time.perf_counter() - start > REMEMBER_AFTER_SECONDS:
-        file = _remembered_file(digest)
-        try:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            partial = file.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_text(tok.to_str())
-            partial.replace(file)  # atomic: a reader never sees half a file
-        except OSError:  # a read-only cache: build each time, as before
-            pass
+        write_cached(_remembered_file(digest), tok.to_str())
     return tok
 
 

@@ -164,9 +164,15 @@ def _grouped(path, tensor, in_4bit: bool = False, rows_per_read: int = 128) -> G
                           offset=int(tensor.data_offset) + start * row_bytes)
         return unpack(kind, raw, (stop - start, K), rows_per_call=rows_per_read)
 
-    if in_4bit and kind not in FOUR_BIT_FORMATS and K % 32 == 0:
+    if in_4bit and _roundable(kind, K):
         return rounded_4bit(lambda rows: read(rows).dequantized(), N, K, rows_per_read)
     return read(slice(None))
+
+
+def _roundable(kind: str, K: int) -> bool:
+    """Whether a draft's tensor of this format and width is rounded to 4 bits (its values stored
+    a byte each; groups of 32)."""
+    return kind not in FOUR_BIT_FORMATS and K % 32 == 0
 
 
 def _check_format(tensor) -> None:
@@ -205,7 +211,7 @@ def load_grouped(g: GGUFFile, dtype: torch.dtype, four_bit: bool = False) -> Lla
         q, scale, offset, scale_super, offset_super = (None if t is None else unpermute_qk(t, heads[kind])
                                                        for t in part.tensors)
         part = Grouped(q, scale, offset, part.group, part.bits, scale_super, offset_super)
-        return requantized_4bit(part) if four_bit and part.bits == 8 and part.shape[1] % 32 == 0 else part
+        return requantized_4bit(part) if four_bit and _roundable(tensors[name].type_name, part.shape[1]) else part
 
     with torch.device("meta"):
         model = LlamaModel(config)
