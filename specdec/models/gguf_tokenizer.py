@@ -37,7 +37,8 @@ def build_tokenizer(g: GGUFFile):
     if digest not in _BUILT:
         while len(_BUILT) >= _KEEP:
             _BUILT.pop(next(iter(_BUILT)))
-        _BUILT[digest] = _remembered(digest) or _build_and_remember(g, digest)
+        remembered = _remembered(digest)
+        _BUILT[digest] = remembered if remembered is not None else _build_and_remember(g, digest)
     return _BUILT[digest], _config(g)
 
 

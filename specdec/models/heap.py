@@ -16,8 +16,8 @@ M_MMAP_THRESHOLD = -3
 LOADING_MMAP_BYTES = 8 * 1024 * 1024
 LOADING_TRIM_BYTES = 16 * 1024 * 1024
 # After: the ceilings glibc's own adaptive limits climb to (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit,
-# and twice that for the trim), so a prefill's activations of up to 32 MB reuse heap pages
-# instead of faulting in fresh ones each pass (measured: ~0.3 s on a 439-token prefill).
+# and twice that for the trim), so a prefill's activations of up to 32 MB keep reusing heap pages
+# as they did before (first tokens measured no slower, bench/results/README.md "stop 60").
 RUNNING_MMAP_BYTES = 32 * 1024 * 1024
 RUNNING_TRIM_BYTES = 64 * 1024 * 1024
 
