@@ -38,7 +38,7 @@ def _usable(variant: variants.Variant) -> list[str]:
     if lib is None:
         return []
     in_use = build.kernels_in_use()[variant.name]
-    usable = [k for k in variant.kernels if variant.set(lib, k) == k]
+    usable = [k for k in variant.runnable(build.cpu_flags()) if variant.set(lib, k) == k]
     variant.set(lib, in_use)
     return usable
 
@@ -187,7 +187,7 @@ def test_a_kernel_is_chosen_once_by_timing_and_remembered(tmp_path, monkeypatch)
             self.kernel = kernel
             return kernel
 
-    def measure(self, lib):
+    def measure(self, lib, cpu_flags):
         calls.append(1)
         return {"avx2": 2.0, "amx": 1.0}
 
@@ -201,6 +201,33 @@ def test_a_kernel_is_chosen_once_by_timing_and_remembered(tmp_path, monkeypatch)
     assert variants.choose(lib, BF16, library, {"avx2", "fma"}, "key") == "avx2" and lib.kernel == 0  # no AMX here
     monkeypatch.setenv("SPECDEC_BF16_KERNEL", "avx2")
     assert variants.choose(lib, BF16, library, amx, "key") == "avx2" and lib.kernel == 0 and calls == [1, 1]
+
+
+def test_a_cpu_with_avx512_bf16_but_no_amx_times_avx2_against_the_dot_products(tmp_path, monkeypatch):
+    """The AMD kind with AVX-512 BF16 (no AMX): two kernels timed, AMX never set; AVX2-only: none timed."""
+    import dataclasses
+
+    class Lib:
+        def __init__(self):
+            self.kernel, self.kernels_set = 0, []
+
+        def set_bf16_kernel(self, kernel):
+            self.kernels_set.append(kernel)
+            self.kernel = kernel
+            return kernel
+
+    costs = {"avx2": 2.0, "amx": 0.5, "avx512": 1.0}
+    timed = dataclasses.replace(BF16, timing=lambda lib, kernel: lambda M: costs[kernel] * M)
+    monkeypatch.delenv("SPECDEC_BF16_KERNEL", raising=False)
+    flags = {"avx2", "fma", "avx512f", "avx512bw", "avx512_bf16"}
+    lib = Lib()
+    assert variants.choose(lib, timed, tmp_path / "rows-abc.so", flags, "zen4") == "avx512" and lib.kernel == 2
+    assert 1 not in lib.kernels_set  # AMX's code never set on a CPU without it
+    monkeypatch.setenv("SPECDEC_BF16_KERNEL", "amx")  # asked for, but this CPU lacks it: the timed choice kept
+    assert variants.choose(lib, timed, tmp_path / "rows-abc.so", flags, "zen4") == "avx512"
+    zen3 = Lib()
+    assert variants.choose(zen3, timed, tmp_path / "rows-abc.so", {"avx2", "fma"}, "zen3") == "avx2"
+    assert zen3.kernels_set == [0]
 
 
 @needs_kernels
@@ -312,7 +339,7 @@ def test_a_variant_that_needs_another_kernel_keeps_its_first_without_timing(tmp_
             self.calls.append(kernel)
             return kernel
 
-    lib, flags = Lib(), set(GROUPED_WIDE.cpu_flags)
+    lib, flags = Lib(), set(GROUPED_WIDE.cpu_flags[0])
     library = tmp_path / "rows-x.so"
     assert variants.choose(lib, GROUPED_WIDE, library, flags, "k", {"grouped": "avx2"}) == "vnni"
     assert lib.calls == [0] and not list(tmp_path.iterdir())  # set, not measured, nothing remembered
@@ -321,7 +348,10 @@ def test_a_variant_that_needs_another_kernel_keeps_its_first_without_timing(tmp_
 @needs_kernels
 def test_the_build_keeps_the_avx512_code_where_the_cpu_has_it():
     """The library falls back to an AVX2-only build when the compiler refuses the AVX-512/AMX
-    code: on a CPU with VNNI that would silently lose the faster grouped kernel."""
-    if not GROUPED.cpu_flags <= build.cpu_flags():
-        pytest.skip("this CPU lacks AVX-512 VNNI")
-    assert "vnni" in _usable(GROUPED)
+    code: on a CPU with VNNI or AVX-512 BF16 that would silently lose the faster kernels."""
+    if not GROUPED.cpu_flags[0] <= build.cpu_flags() and not BF16.cpu_flags[1] <= build.cpu_flags():
+        pytest.skip("this CPU lacks AVX-512 VNNI and AVX-512 BF16")
+    if GROUPED.cpu_flags[0] <= build.cpu_flags():
+        assert "vnni" in _usable(GROUPED)
+    if BF16.cpu_flags[1] <= build.cpu_flags():
+        assert "avx512" in _usable(BF16)

@@ -7,8 +7,8 @@ or $SPECDEC_KERNEL_CACHE), written under a temporary name and renamed, so that p
 starting together do not read a half-written file. Its OpenMP runtime is the one PyTorch has
 already loaded (the same libgomp.so.1), so the two share one thread pool.
 
-Where the CPU offers two instruction sequences for a product (AMX tiles beside AVX2 for bf16,
-AVX-512 VNNI beside AVX2 for grouped weights),
+Where the CPU offers more than one instruction sequence for a product (AMX tiles or AVX-512 BF16
+dot products beside AVX2 for bf16, AVX-512 VNNI beside AVX2 for grouped weights),
 load() sets the one variants.py chose for this machine, before any product.
 
 SPECDEC_KERNELS=off turns the kernels off (the exact paths then compute a row at a time with
@@ -77,7 +77,7 @@ def _build(compiler: str) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
         result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
-        if result.returncode != 0:  # a compiler that knows no AMX intrinsics: the rest still builds
+        if result.returncode != 0:  # a compiler without AMX / AVX-512 BF16 intrinsics: the rest still builds
             result = subprocess.run([compiler, *FLAGS, "-DSPECDEC_NO_AMX", str(SOURCE), "-o", str(built)],
                                     capture_output=True, text=True)
         if result.returncode != 0:
@@ -134,8 +134,8 @@ def load() -> ctypes.CDLL | None:
 
 
 def kernels_in_use() -> dict[str, str]:
-    """The instruction sequence each product variant runs here (variants.py: "bf16": "avx2" or
-    "amx"; "grouped": "avx2" or "vnni"); empty where the kernels are unavailable."""
+    """The instruction sequence each product variant runs here (variants.py: "bf16": "avx2", "amx"
+    or "avx512"; "grouped": "avx2" or "vnni"); empty where the kernels are unavailable."""
     return dict(_chosen) if load() is not None else {}
 
 

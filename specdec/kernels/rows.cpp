@@ -2,8 +2,8 @@
 // whatever the number of rows in the call and whatever the other rows hold, so a row scored
 // in a K-token verify pass gets exactly the bits of a 1-token pass (exact mode by construction,
 // no probing of another library's kernels). Compiled on the user's machine (build.py); AVX2 + FMA,
-// AMX tiles for bfloat16 products and AVX-512 VNNI for grouped weights where the CPU has them and
-// they measured faster (see amx_linear, vnni_glinear).
+// AMX tiles or AVX-512 BF16 dot products for bfloat16 products and AVX-512 VNNI for grouped weights
+// where the CPU has them and they measured faster (see amx_linear, dp_linear, vnni_glinear).
 //
 // Products: y[m, n] = sum_k x[m, k] * w[n, k], x in float32 or bfloat16 (converted to float32,
 // exactly), w in bfloat16 / float32 / int8 (one scale per output row). Each (m, n) keeps one
@@ -131,8 +131,9 @@ constexpr int64_t NB = 32;
 // check), w's row n in a row of the A tile, read where it lies ([N, K] row-major: no repacking).
 // Whole 16-column blocks only; the remaining N % 16 columns, and K not a multiple of 32, go
 // through tile() as before.
-int bf16_kernel = 0;  // 0: tile() (AVX2 + FMA); 1: AMX, where K % 32 == 0 and x is bfloat16
+int bf16_kernel = 0;  // 0: tile() (AVX2 + FMA); 1: AMX, 2: AVX-512 BF16 (dp_linear), where K % 32 == 0 and x is bfloat16
 
+// AMX and AVX-512 BF16 code (built with -DSPECDEC_NO_AMX where the compiler lacks their intrinsics)
 #if defined(__GNUC__) && !defined(SPECDEC_NO_AMX)
 #define SPECDEC_AMX 1
 #define AMX_TARGET __attribute__((target("avx512f,avx512bw,amx-tile,amx-bf16")))
@@ -228,6 +229,120 @@ AMX_TARGET void amx_linear(const uint16_t* x, const uint16_t* w, const Epilogue&
 int amx_request() {  // Linux asks a process to request the tile registers' state before using it
     return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
 }
+
+// AVX-512 BF16 dot products for bfloat16 weights with bfloat16 inputs (CPUs with avx512_bf16,
+// AMX or not, where the process chose them by timing: set_bf16_kernel 2). w's rows read where they
+// lie, 32 inputs a 512-bit load, against the same 32 of x's row: each (m, n) keeps one 16-lane
+// float32 accumulator, lane j adding VDPBF16PS's two products of inputs 32i + 2j, 32i + 2j + 1 in
+// increasing i; the lanes added in a fixed tree (hsum16), then the epilogue. So a row's sums are
+// the same instructions whatever the call's other rows: batch-invariant. Tiles of R rows x C
+// columns share loads only, as in tile(): a weight's 64 bytes serve R rows from one load, so up to
+// ~8 rows cost about one row's memory traffic. K a multiple of 32 (else tile()).
+#define DP_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+DP_TARGET inline float hsum16(__m512 v) {  // fixed order: the 256-bit halves, then hsum's
+    const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), high));
+}
+
+// The 16 sums of a 4 x 4 tile at once, lane 4r + c holding acc[r][c]'s: hsum16's additions, the
+// same pairs in the same tree (halves, quarters, pairs, neighbours), four accumulators' at a time
+// in one register, so each output has hsum16's bits at a quarter of its instructions.
+DP_TARGET inline __m512 reduce16(const __m512 (&acc)[4][4]) {
+    __m512 a[16], b[8], c[4], d[2];
+    for (int r = 0; r < 4; ++r)
+        for (int col = 0; col < 4; ++col) a[4 * col + r] = acc[r][col];
+    for (int i = 0; i < 8; ++i)  // lane j + lane j + 8: a[2i] in the low half, a[2i + 1] in the high
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xee));
+    for (int i = 0; i < 4; ++i)  // + lane j + 4: a[4i + q]'s four in quarter q
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xdd));
+    for (int i = 0; i < 2; ++i)  // + lane j + 2: in quarter q, a[8i + q]'s two, then a[8i + 4 + q]'s
+        d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xee));
+    // + lane j + 1: lane 4q + i holds a[4i + q], i.e. acc[q][i]
+    return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xdd));
+}
+
+// Epilogue::apply and store() on a 4 x 4 tile's sums (lane 4r + c), the same operations per lane
+DP_TARGET inline __m512 dp_apply4x4(__m512 s, const Epilogue& e, int64_t n0) {
+    if (e.scale) s = _mm512_mul_ps(s, _mm512_broadcast_f32x4(_mm_loadu_ps(e.scale + n0)));
+    if (e.bias) s = _mm512_add_ps(s, _mm512_broadcast_f32x4(_mm_loadu_ps(e.bias + n0)));
+    return s;
+}
+DP_TARGET inline void dp_epilogue4x4(__m512 s, float* y, int64_t ldy, const Epilogue& e, int64_t n0) {
+    s = dp_apply4x4(s, e, n0);
+    _mm_storeu_ps(y, _mm512_castps512_ps128(s));
+    _mm_storeu_ps(y + ldy, _mm512_extractf32x4_ps(s, 1));
+    _mm_storeu_ps(y + 2 * ldy, _mm512_extractf32x4_ps(s, 2));
+    _mm_storeu_ps(y + 3 * ldy, _mm512_extractf32x4_ps(s, 3));
+}
+DP_TARGET inline void dp_epilogue4x4(__m512 s, uint16_t* y, int64_t ldy, const Epilogue& e, int64_t n0) {
+    const __m512i u = _mm512_castps_si512(dp_apply4x4(s, e, n0));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7fc0));
+    const __m256i narrow = _mm512_cvtepi32_epi16(rounded);
+    alignas(32) uint64_t rows[4];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(rows), narrow);
+    for (int r = 0; r < 4; ++r) memcpy(y + r * ldy, rows + r, 8);
+}
+
+template <int R, int C, class Y>
+DP_TARGET inline void dp_tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t K, Y* y, int64_t ldy,
+                              const Epilogue& e, int64_t n0) {
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    // the next tile's weights (the C rows after these) asked for while this one runs, as in tile()
+    const char* next = reinterpret_cast<const char*>(w + C * K);
+    for (int64_t k = 0; k < K; k += 32) {
+        for (int c = 0; c < C; ++c) _mm_prefetch(next + k / 32 * C * 64 + c * 64, _MM_HINT_T0);
+        __m512bh wv[C];
+        for (int c = 0; c < C; ++c) wv[c] = (__m512bh)_mm512_loadu_si512(w + c * K + k);
+        for (int r = 0; r < R; ++r) {
+            const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * ldx + k);
+            for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
+        }
+    }
+    if constexpr (R == 4 && C == 4) {
+        dp_epilogue4x4(reduce16(acc), y, ldy, e, n0);
+        return;
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) store(y + r * ldy + c, e.apply(hsum16(acc[r][c]), n0 + c));
+}
+
+template <int R, class Y>
+DP_TARGET inline void dp_rows(const uint16_t* x, const uint16_t* w, int64_t K, Y* y, int64_t ldy, int64_t n0,
+                              int64_t n1, const Epilogue& e) {
+    constexpr int C = R >= 4 ? 4 : 8;  // R x C accumulators, C weights and one input within 32 registers
+    int64_t n = n0;
+    for (; n + C <= n1; n += C) dp_tile<R, C>(x, K, w + n * K, K, y + n, ldy, e, n);
+    for (; n < n1; ++n) dp_tile<R, 1>(x, K, w + n * K, K, y + n, ldy, e, n);
+}
+
+// y = x @ w.T, x bfloat16 [M, K] with K % 32 == 0; column blocks of NB outputs as in linear_columns
+template <class Y>
+DP_TARGET void dp_linear(const uint16_t* x, const uint16_t* w, const Epilogue& e, Y* y, int64_t M, int64_t N,
+                         int64_t K, int64_t ldy) {
+    const int64_t blocks = (N + NB - 1) / NB;
+    #pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t n0 = b * NB, n1 = std::min(N, n0 + NB);
+        int64_t m = 0;
+        for (; m + 4 <= M; m += 4) dp_rows<4>(x + m * K, w, K, y + m * ldy, ldy, n0, n1, e);
+        switch (M - m) {
+            case 3: dp_rows<3>(x + m * K, w, K, y + m * ldy, ldy, n0, n1, e); break;
+            case 2: dp_rows<2>(x + m * K, w, K, y + m * ldy, ldy, n0, n1, e); break;
+            case 1: dp_rows<1>(x + m * K, w, K, y + m * ldy, ldy, n0, n1, e); break;
+            default: break;
+        }
+    }
+}
 #else
 int amx_request() { return 0; }
 #endif
@@ -241,6 +356,10 @@ template <class W, class Y>
 void linear(const void* x_in, bool x_bf16, const typename W::T* w, Epilogue e, Y* y, int64_t M, int64_t N,
             int64_t K, int64_t ldy) {
 #ifdef SPECDEC_AMX
+    if (std::is_same<W, Bf16>::value && bf16_kernel == 2 && x_bf16 && K % 32 == 0) {
+        dp_linear(static_cast<const uint16_t*>(x_in), reinterpret_cast<const uint16_t*>(w), e, y, M, N, K, ldy);
+        return;
+    }
     if (std::is_same<W, Bf16>::value && bf16_kernel == 1 && x_bf16 && K % 32 == 0 && N >= 16) {
         const int64_t N16 = N & ~int64_t(15);
         amx_linear(static_cast<const uint16_t*>(x_in), reinterpret_cast<const uint16_t*>(w), e, y, M, N16, K, ldy);
@@ -1661,14 +1780,18 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
 
 extern "C" {
 
-int specdec_kernels_version() { return 13; }
+int specdec_kernels_version() { return 14; }
 
 // Which kernel bfloat16 weights with bfloat16 inputs go through: 0 tile() (AVX2 + FMA), 1 AMX
-// (asks Linux for the tile state first). Set once, before any product, and kept: a row's bits
+// (asks Linux for the tile state first), 2 AVX-512 BF16 dot products (dp_linear; the caller checked
+// the CPU). Set once, before any product, and kept: a row's bits
 // depend on it. Returns the kernel now in use.
 int set_bf16_kernel(int kernel) {
     if (kernel == 1 && !amx_request()) return bf16_kernel;
-    bf16_kernel = kernel == 1 ? 1 : 0;
+#ifndef SPECDEC_AMX
+    if (kernel == 2) return bf16_kernel;  // a compiler without the AVX-512 BF16 intrinsics
+#endif
+    bf16_kernel = kernel == 1 || kernel == 2 ? kernel : 0;
     return bf16_kernel;
 }
 

@@ -1,24 +1,28 @@
-"""Which instruction sequence rows.cpp's products run where this CPU offers two, chosen once per
-machine by timing both: "bf16", bfloat16 weights and inputs through tile() (AVX2 + FMA) or AMX
-tiles (amx_linear); "grouped", GGUF-style grouped weights row-major through the AVX2 integer
-kernels (qtile, ktile), or laid out by columns at load (Grouped.in_columns) for AVX-512 VNNI
-(vnni_glinear). (Tried and not kept: GGUF's blocks dequantized to bfloat16 for AMX, flat in
-the rows but 9x slower than the 8-bit integer kernel at one row on Qwen2.5-Coder-1.5B; AMX-INT8
-tiles a group at a time, flat but 3x slower than AVX2 at one row: 16 vs 5.4 ms over 96 MB of
-Q4_K-layout weights.)
+"""Which instruction sequence rows.cpp's products run where this CPU offers more than one, chosen
+once per machine by timing them: "bf16", bfloat16 weights and inputs through tile() (AVX2 + FMA),
+AMX tiles (amx_linear) or AVX-512 BF16 dot products (dp_linear); "grouped", GGUF-style grouped
+weights row-major through the AVX2 integer kernels (qtile, ktile), or laid out by columns at load
+(Grouped.in_columns) for AVX-512 VNNI (vnni_glinear). (Tried and not kept: GGUF's blocks
+dequantized to bfloat16 for AMX, flat in the rows but 9x slower than the 8-bit integer kernel at
+one row on Qwen2.5-Coder-1.5B; AMX-INT8 tiles a group at a time, flat but 3x slower than AVX2 at
+one row: 16 vs 5.4 ms over 96 MB of Q4_K-layout weights.)
 
 Why measure: AMX reads a weight once for up to 16 rows at no extra arithmetic cost, but streams
 a single row no faster than AVX2 (measured on an Intel Xeon with AMX, 2 threads, SmolLM2's
 projections: AVX2 1 / 4 / 8 rows 5.0 / 8.4 / 15.1 ms, AMX 5.0-7 / 5.4 / 5.8 ms), and the balance
-differs by CPU and memory; VNNI's columns cut the integer work per extra row (one VPDPBUSD
-for 16 outputs x 4 inputs) but cost a little at one row (4.8 vs 4.55 ms). So both run over
-weights larger than the caches at the widths speculation uses, and the faster in sum wins. A
-row's bits depend on the choice, so it is made once, before any product (and any weight's
-layout), and remembered beside the built library for every later process on this machine
-(processes starting together wait for the first to measure).
+differs by CPU and memory. AVX-512 BF16 dot products stream one row fastest but turn
+compute-bound by 8 rows where a core has one 512-bit FMA port (same CPU, whole SmolLM2 passes at
+1 / 4 / 8 tokens, one process, scripts/kernel_ab.py: AVX2 12.7 / 16.3 / 28.4 ms, AMX 12.0 / 13.9
+/ 16.3, AVX-512 BF16 11.9 / 14.2 / 23.1); CPUs with AVX-512 BF16 but no AMX have only them beside
+AVX2. VNNI's columns cut the integer work per extra row (one VPDPBUSD for 16 outputs x 4 inputs)
+but cost a little at one row (4.8 vs 4.55 ms). So each runs over weights larger than the caches
+at the widths speculation uses, and the fastest in sum wins. A row's bits depend on the choice,
+so it is made once, before any product (and any weight's layout), and remembered beside the
+built library for every later process on this machine (processes starting together wait for
+the first to measure).
 "grouped_wide": where VNNI runs the columns layout, its full 16-row chunks (prefill, wide verify
 passes) on AMX-INT8 tiles or not: the same integer dots and float steps, so the same bits.
-SPECDEC_BF16_KERNEL=avx2|amx, SPECDEC_GROUPED_KERNEL=avx2|vnni and SPECDEC_GROUPED_WIDE_KERNEL=vnni|amx
+SPECDEC_BF16_KERNEL=avx2|amx|avx512, SPECDEC_GROUPED_KERNEL=avx2|vnni and SPECDEC_GROUPED_WIDE_KERNEL=vnni|amx
 set them by hand."""
 from __future__ import annotations
 
@@ -83,20 +87,25 @@ def _grouped_pass(lib: ctypes.CDLL, kernel: str) -> Callable[[int], float]:
 @dataclass(frozen=True)
 class Variant:
     name: str
-    kernels: tuple[str, str]  # rows.cpp's 0 and 1
+    kernels: tuple[str, ...]  # rows.cpp's 0, 1, ...
     setter: str  # rows.cpp's function that sets it (returns the kernel in use)
     timing: Callable[[ctypes.CDLL, str], Callable[[int], float]]  # set-up for a kernel, then seconds for M rows
-    cpu_flags: frozenset[str]  # what the second kernel's code needs (its target attribute)
+    cpu_flags: tuple[frozenset[str], ...]  # what each kernel after the first needs (its target attribute)
     widths: tuple[int, ...] = WIDTHS  # rows a product, the widths timed
     needs: tuple[str, str] | None = None  # (variant, kernel) chosen first, else the first kernel stays
 
     def set(self, lib: ctypes.CDLL, kernel: str) -> str:
         return self.kernels[getattr(lib, self.setter)(self.kernels.index(kernel))]
 
-    def measure(self, lib: ctypes.CDLL) -> dict[str, float]:
+    def runnable(self, cpu_flags: set[str]) -> list[str]:
+        """The kernels whose instructions this CPU has (the first needs only AVX2 + FMA)."""
+        return [self.kernels[0]] + [kernel for kernel, needs in zip(self.kernels[1:], self.cpu_flags)
+                                    if needs <= cpu_flags]
+
+    def measure(self, lib: ctypes.CDLL, cpu_flags: set[str]) -> dict[str, float]:
         """Seconds summed over the widths per kernel this machine can run (AMX where Linux grants it)."""
         seconds = {}
-        for kernel in self.kernels:
+        for kernel in self.runnable(cpu_flags):
             if self.set(lib, kernel) == kernel:
                 seconds_for = self.timing(lib, kernel)
                 seconds[kernel] = sum(seconds_for(M) for M in self.widths)
@@ -104,13 +113,14 @@ class Variant:
 
 
 VARIANTS = (
-    Variant("bf16", ("avx2", "amx"), "set_bf16_kernel", _bf16_pass,
-            frozenset({"amx_bf16", "amx_tile", "avx512f", "avx512bw"})),
+    Variant("bf16", ("avx2", "amx", "avx512"), "set_bf16_kernel", _bf16_pass,
+            (frozenset({"amx_bf16", "amx_tile", "avx512f", "avx512bw"}),
+             frozenset({"avx512f", "avx512bw", "avx512_bf16"}))),
     Variant("grouped", ("avx2", "vnni"), "set_grouped_kernel", _grouped_pass,
-            frozenset({"avx512f", "avx512bw", "avx512_vnni"})),
+            (frozenset({"avx512f", "avx512bw", "avx512_vnni"}),)),
     # full 16-row chunks of the columns layout on AMX-INT8 tiles: the same bits, so only speed differs
     Variant("grouped_wide", ("vnni", "amx"), "set_grouped_wide_kernel", lambda lib, kernel: _grouped_pass(lib, "vnni"),
-            frozenset({"avx512f", "avx512bw", "avx512_vnni", "amx_tile", "amx_int8"}), widths=(16, 64),
+            (frozenset({"avx512f", "avx512bw", "avx512_vnni", "amx_tile", "amx_int8"}),), widths=(16, 64),
             needs=("grouped", "vnni")),
 )
 
@@ -120,12 +130,13 @@ def choose(lib: ctypes.CDLL, variant: Variant, library: Path, cpu_flags: set[str
     """Sets and returns the kernel of `variant` for this process: the environment's, else the one
     remembered for this library and key (CPU model, threads), else the faster by measure().
     chosen: the variants set before it (what `needs` refers to)."""
-    if not variant.cpu_flags <= cpu_flags:  # the second kernel's instructions are missing here
+    runnable = variant.runnable(cpu_flags)
+    if len(runnable) == 1:  # the other kernels' instructions are missing here
         return variant.set(lib, variant.kernels[0])
     if variant.needs is not None and (chosen or {}).get(variant.needs[0]) != variant.needs[1]:
         return variant.set(lib, variant.kernels[0])
     forced = os.environ.get(f"SPECDEC_{variant.name.upper()}_KERNEL", "").lower()
-    if forced in variant.kernels:
+    if forced in runnable:
         return variant.set(lib, forced)
     remembered = library.with_name(f"{library.stem}.{key}.{variant.name}-kernel")
     try:
@@ -135,9 +146,9 @@ def choose(lib: ctypes.CDLL, variant: Variant, library: Path, cpu_flags: set[str
     try:
         if lock is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)  # processes starting together: one measures, the rest read
-        kernel = _remembered(remembered, variant)
+        kernel = _remembered(remembered, runnable)
         if kernel is None:
-            seconds = variant.measure(lib)
+            seconds = variant.measure(lib, cpu_flags)
             kernel = min(seconds, key=seconds.get)
             if lock is not None:
                 partial = remembered.with_suffix(f".{os.getpid()}.tmp")
@@ -149,9 +160,9 @@ def choose(lib: ctypes.CDLL, variant: Variant, library: Path, cpu_flags: set[str
             lock.close()
 
 
-def _remembered(path: Path, variant: Variant) -> str | None:
+def _remembered(path: Path, runnable: list[str]) -> str | None:
     try:
         kernel = path.read_text().strip()
     except OSError:
         return None
-    return kernel if kernel in variant.kernels else None
+    return kernel if kernel in runnable else None
