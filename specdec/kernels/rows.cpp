@@ -144,44 +144,37 @@ struct alignas(64) TileConfig {
     uint8_t rows[16];
 };
 
-// tiles 0, 1: sums [16 outputs n][r rows m] float32; 4, 5: weights [16 n][32 k]; 6: x [16 k pairs][r m x 2],
+// tile 0: sums [16 outputs n][r rows m] float32; 4: weights [16 n][32 k]; 6: x [16 k pairs][r m x 2],
 // for a chunk of r <= 16 rows of x (the tiles only r columns wide: a lone row is read where it lies)
 AMX_TARGET inline void amx_configure(int r) {
     TileConfig c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int t : {0, 1, 4, 5, 6}) {
+    for (int t : {0, 4, 6}) {
         c.rows[t] = 16;
-        c.colsb[t] = t == 4 || t == 5 ? 64 : 4 * r;
+        c.colsb[t] = t == 4 ? 64 : 4 * r;
     }
     _tile_loadconfig(&c);
 }
 
-// Column blocks of 16 outputs sharing one load of x: 2 with the prefetch below measured as fast as
-// 4 without (Intel Xeon with AMX, 2 threads: 1 row 5.0-5.4 ms, 8 rows 5.8 ms over SmolLM2's projections)
-constexpr int AMX_BLOCKS = 2;
-
-// TB (1 or AMX_BLOCKS) column blocks of 16 outputs from n0, over one chunk of x as B tiles (xp, row
-// stride ldx bytes)
-template <int TB>
-AMX_TARGET inline void amx_blocks(const uint16_t* w, int64_t K, const uint16_t* xp, int64_t ldx, int64_t n0,
-                                  float* sums) {
+// One column block of 16 outputs from n0, over one chunk of x as B tiles (xp, row stride ldx bytes).
+// A block a work item: measured faster than two or four blocks sharing each load of x (Intel Xeon
+// with AMX, 2 threads, one process alternating, SmolLM2's projections and head at 1 / 4 / 8 rows:
+// 4.83 / 5.20 / 5.90 ms with one, 5.38 / 5.76 / 6.27 with two, 5.73 / 6.02 / 6.55 with four)
+AMX_TARGET inline void amx_block(const uint16_t* w, int64_t K, const uint16_t* xp, int64_t ldx, int64_t n0,
+                                 float* sums) {
     const int64_t ldw = K * 2;
-    // The next blocks' weights follow these (TB * 16 rows of w): their cache lines are asked for
-    // while these run, TB * 16 lines a step, as tile() does
-    const char* next = reinterpret_cast<const char*>(w + (n0 + 16 * TB) * K);
-    static_assert(TB == 1 || TB == 2, "two sum tiles");
+    // The next block's weights follow these (16 rows of w): their cache lines are asked for while
+    // this one runs, 16 lines a step, as tile() does
+    const char* next = reinterpret_cast<const char*>(w + (n0 + 16) * K);
     _tile_zero(0);
-    if (TB > 1) _tile_zero(1);
     for (int64_t k = 0; k < K; k += 32) {
-        for (int64_t b = 0; b < TB * 16 * 64; b += 64) _mm_prefetch(next + k / 32 * TB * 16 * 64 + b, _MM_HINT_T0);
+        for (int64_t b = 0; b < 16 * 64; b += 64) _mm_prefetch(next + k / 32 * 16 * 64 + b, _MM_HINT_T0);
         _tile_loadd(6, reinterpret_cast<const char*>(xp) + k / 2 * ldx, ldx);
         _tile_loadd(4, w + n0 * K + k, ldw);
         _tile_dpbf16ps(0, 4, 6);
-        if (TB > 1) { _tile_loadd(5, w + (n0 + 16) * K + k, ldw); _tile_dpbf16ps(1, 5, 6); }
     }
     _tile_stored(0, sums, 64);
-    if (TB > 1) _tile_stored(1, sums + 256, 64);
 }
 
 // Columns [0, N16) of y = x @ w.T, x bfloat16 [M, K] with K % 32 == 0, N16 % 16 == 0
@@ -198,28 +191,22 @@ AMX_TARGET void amx_linear(const uint16_t* x, const uint16_t* w, const Epilogue&
         for (int64_t j = 0; j < r; ++j)
             for (int64_t p = 0; p < P; ++p) packed[c * 16 * P + p * r + j] = xr[(c * 16 + j) * P + p];
     }
-    constexpr int TB = AMX_BLOCKS;
-    const int64_t groups = N16 / (16 * TB), blocks = N16 / 16;
+    const int64_t blocks = N16 / 16;
     #pragma omp parallel
     {
-        alignas(64) float sums[TB * 256];
+        alignas(64) float sums[256];
         int configured = 0;
         #pragma omp for schedule(static)
-        for (int64_t g = 0; g < groups + (blocks - groups * TB); ++g) {
-            const int64_t n0 = g < groups ? g * 16 * TB : (groups * TB + (g - groups)) * 16;
-            const int nb = g < groups ? TB : 1;
+        for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t n0 = b * 16;
             for (int64_t c = 0; c < chunks; ++c) {
                 const int r = int(std::min<int64_t>(16, M - c * 16));
                 if (r != configured) amx_configure(configured = r);
                 const uint16_t* xp = M > 1 ? reinterpret_cast<const uint16_t*>(packed.data() + c * 16 * P) : x;
-                if (nb == TB) amx_blocks<TB>(w, K, xp, 4 * r, n0, sums);
-                else amx_blocks<1>(w, K, xp, 4 * r, n0, sums);
-                for (int b = 0; b < nb; ++b)
-                    for (int64_t j = 0; j < r; ++j)
-                        for (int i = 0; i < 16; ++i) {
-                            const int64_t n = n0 + b * 16 + i;
-                            store(y + (c * 16 + j) * ldy + n, e.apply(sums[b * 256 + i * 16 + j], n));
-                        }
+                amx_block(w, K, xp, 4 * r, n0, sums);
+                for (int64_t j = 0; j < r; ++j)
+                    for (int i = 0; i < 16; ++i)
+                        store(y + (c * 16 + j) * ldy + n0 + i, e.apply(sums[i * 16 + j], n0 + i));
             }
         }
         if (configured) _tile_release();
