@@ -140,7 +140,7 @@ def test_bench_chat_tasks_on_a_model_without_template(tmp_path):
 
 
 def test_pass_costs_table_and_json(tmp_path, capsys, monkeypatch):
-    """--pass-costs times passes over 1/4/16/32 tokens and states the weight bytes a pass reads
+    """--pass-costs times passes over 1/2/4/8/16/32 tokens and states the weight bytes a pass reads
     (the embedding table left out: a pass reads one row of it) and the bandwidth bound."""
     monkeypatch.delenv("SPECDEC_LLAMA_CPP", raising=False)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no llama.cpp build: specdec's curve only
@@ -149,14 +149,15 @@ def test_pass_costs_table_and_json(tmp_path, capsys, monkeypatch):
     assert main(["bench", "--target", str(target), "--methods", "none", "--temperatures", "0", "--tasks", "code",
                  "--prompts", "1", "--max-new-tokens", "4", "--pass-costs", "--json", str(out)]) == 0
     [curve] = json.loads(out.read_text())["pass_costs"]
-    assert curve["engine"] == "specdec" and sorted(map(int, curve["ms_per_pass"])) == [1, 4, 16, 32]
+    assert curve["engine"] == "specdec" and sorted(map(int, curve["ms_per_pass"])) == [1, 2, 4, 8, 16, 32]
     assert all(ms > 0 for ms in curve["ms_per_pass"].values())
     model = specdec.load(target).engine.target.model
     embedding = model.model.embed_tokens.weight
     everything = sum(t.numel() * t.element_size() for t in model.parameters())
     assert curve["bytes_per_pass"] == everything - embedding.numel() * embedding.element_size()
     assert curve["bound_tokens_per_second"] > 0
-    assert "ms per target pass" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "ms per target pass" in table and "T=8 / T=1" in table and "of bound" in table
 
 
 def test_compiled_pass_costs_time_the_compiled_passes_too(tmp_path):
@@ -166,5 +167,5 @@ def test_compiled_pass_costs_time_the_compiled_passes_too(tmp_path):
     target = make_model_dir(tmp_path / "t", layers=2, max_pos=2048)
     eager, compiled = pass_cost_curves(target, "float32", None, 32, None, None, compiled=True)
     assert (eager.engine, compiled.engine) == ("specdec", "specdec --compile")
-    assert sorted(compiled.ms_per_pass) == [1, 4, 16, 32] and all(ms > 0 for ms in compiled.ms_per_pass.values())
+    assert sorted(compiled.ms_per_pass) == [1, 2, 4, 8, 16, 32] and all(ms > 0 for ms in compiled.ms_per_pass.values())
     assert compiled.bytes_per_pass == eager.bytes_per_pass

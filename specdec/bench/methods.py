@@ -284,7 +284,7 @@ def add_parser(sub) -> None:
     b.add_argument("--draft-tokens", type=int, default=None, help="fixed K (default adaptive)")
     add_threads_arg(b)
     b.add_argument("--pass-costs", action="store_true",
-                   help="also time target passes over 1/4/16/32 tokens (specdec, and llama.cpp's llama-bench on "
+                   help="also time target passes over 1/2/4/8/16/32 tokens (specdec, and llama.cpp's llama-bench on "
                         "the same GGUF when a build is found; with NAME@compile methods, specdec --compile too) "
                         "against this machine's memory-bandwidth bound")
     b.add_argument("--json")

@@ -18,7 +18,8 @@ from specdec.errors import SpecdecError
 from specdec.extras import require
 from specdec.models.runner import NativeRunner, tensor_bytes
 
-WIDTHS = (1, 4, 16, 32)
+WIDTHS = (1, 2, 4, 8, 16, 32)
+RATIOS = (4, 8, 16)  # widths reported as a multiple of a 1-token pass: a verify pass's cost
 CACHED_TOKENS = 200  # tokens in the cache before each timed pass (a decode step mid-answer)
 
 
@@ -131,14 +132,17 @@ def _fmt(value: float | None, spec: str = "{:.2f}") -> str:
 def print_cost_table(curves: list[CostCurve]) -> None:
     Table = require("rich.table", "bench", "the pass-cost table").Table
     table = Table(title="ms per target pass over T tokens (bound: plain tok/s at this machine's streaming bandwidth)")
-    for col in ("engine", *(f"T={w}" for w in WIDTHS), "T=16 / T=1", "MB read per pass", "bound tok/s",
-                "plain tok/s at T=1"):
+    for col in ("engine", *(f"T={w}" for w in WIDTHS), *(f"T={w} / T=1" for w in RATIOS), "MB read per pass",
+                "bound tok/s", "plain tok/s at T=1", "of bound"):
         table.add_column(col, justify="right")
     for c in curves:
         one = c.ms_per_pass.get(1)
+        plain = 1e3 / one if one else None
         table.add_row(c.engine, *(_fmt(c.ms_per_pass.get(w)) for w in WIDTHS),
-                      _fmt(c.ms_per_pass[16] / one if one and 16 in c.ms_per_pass else None),
+                      *(_fmt(c.ms_per_pass[w] / one if one and w in c.ms_per_pass else None) for w in RATIOS),
                       _fmt(c.bytes_per_pass / 1e6 if c.bytes_per_pass else None, "{:.0f}"),
-                      _fmt(c.bound_tokens_per_second, "{:.1f}"), _fmt(1e3 / one if one else None, "{:.1f}"))
+                      _fmt(c.bound_tokens_per_second, "{:.1f}"), _fmt(plain, "{:.1f}"),
+                      _fmt(plain / c.bound_tokens_per_second if plain and c.bound_tokens_per_second else None,
+                           "{:.0%}"))
     console = require("rich.console", "bench", "the pass-cost table").Console
     (console() if sys.stdout.isatty() else console(width=160)).print(table)
