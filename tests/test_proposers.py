@@ -33,6 +33,32 @@ def test_draft_cache_follows_accepts_rejections_and_plain_steps(tmp_path):
             context += [rng.randrange(1, 24) for _ in range(rng.randrange(1, 4))]
 
 
+def test_a_draft_model_reads_its_prompt_at_its_first_draft_keeping_a_reusable_prefix(tmp_path):
+    """reset() computes nothing (a request that never drafts never pays the draft's prefill);
+    the first draft catches up on the whole context and drafts what an eagerly prefilled draft
+    drafts; a next prompt keeps the prefix the cache holds (prefix reuse) and reads only the rest."""
+    model = load_native(make_model_dir(tmp_path / "d", tokenizer="char", vocab_size=24), "float32")
+    greedy = SamplingParams(temperature=0.0)
+    proposer = DraftModelProposer(NativeRunner(model))
+    assert proposer.runner.kv_rows_invariant  # the cache's rows are what a fresh prefill writes
+    prompt = [3, 7, 1, 9, 4, 4, 12, 5]
+    proposer.reset(prompt)
+    assert proposer.runner.length == 0 and proposer.cached == []
+    proposal = proposer.propose(prompt, 3, greedy, None)
+    assert proposal.sync_seconds > 0  # the prompt read as a catch-up, timed apart
+    assert proposer.cached[:len(prompt)] == prompt and proposer.runner.length == len(proposer.cached)
+    eager = DraftModelProposer(NativeRunner(model))
+    eager.runner.extend(prompt[:-1], want_logits=False)  # the prompt prefilled beforehand
+    eager.cached, eager.verified = prompt[:-1], len(prompt) - 1
+    assert proposal.tokens == eager.propose(prompt, 3, greedy, None).tokens
+    follow_up = prompt[:5] + [2, 8, 8]
+    proposer.reset(follow_up)
+    assert proposer.runner.length == 5 and proposer.cached == prompt[:5]  # kept, not recomputed
+    fresh = DraftModelProposer(NativeRunner(model))
+    fresh.reset(follow_up)
+    assert proposer.propose(follow_up, 3, greedy, None).tokens == fresh.propose(follow_up, 3, greedy, None).tokens
+
+
 def test_eagle_reads_the_prompt_features_at_its_first_draft(tmp_path):
     """Prompt features handed over are kept, not fed, until the head first drafts (so a request
     whose controller keeps to plain steps never pays for them); a later head of another sequence
