@@ -131,7 +131,8 @@ constexpr int64_t NB = 32;
 // check), w's row n in a row of the A tile, read where it lies ([N, K] row-major: no repacking).
 // Whole 16-column blocks only; the remaining N % 16 columns, and K not a multiple of 32, go
 // through tile() as before.
-int bf16_kernel = 0;  // 0: tile() (AVX2 + FMA); 1: AMX, 2: AVX-512 BF16 (dp_linear), where K % 32 == 0 and x is bfloat16
+// 0: tile() (AVX2 + FMA); 1: AMX, 2: AVX-512 BF16 (dp_linear), where K % 32 == 0 and x is bfloat16
+int bf16_kernel = 0;
 
 // AMX and AVX-512 BF16 code (built with -DSPECDEC_NO_AMX where the compiler lacks their intrinsics)
 #if defined(__GNUC__) && !defined(SPECDEC_NO_AMX)
@@ -223,8 +224,9 @@ int amx_request() {  // Linux asks a process to request the tile registers' stat
 // float32 accumulator, lane j adding VDPBF16PS's two products of inputs 32i + 2j, 32i + 2j + 1 in
 // increasing i; the lanes added in a fixed tree (hsum16), then the epilogue. So a row's sums are
 // the same instructions whatever the call's other rows: batch-invariant. Tiles of R rows x C
-// columns share loads only, as in tile(): a weight's 64 bytes serve R rows from one load, so up to
-// ~8 rows cost about one row's memory traffic. K a multiple of 32 (else tile()).
+// columns share loads only, as in tile(): a weight's 64 bytes serve R rows from one load (one row's
+// memory traffic; from ~8 rows the dot products bound it where a core has one 512-bit FMA port,
+// variants.py). K a multiple of 32 (else tile()).
 #define DP_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 DP_TARGET inline float hsum16(__m512 v) {  // fixed order: the 256-bit halves, then hsum's

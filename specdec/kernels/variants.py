@@ -12,14 +12,14 @@ a single row no faster than AVX2 (measured on an Intel Xeon with AMX, 2 threads,
 projections: AVX2 1 / 4 / 8 rows 5.0 / 8.4 / 15.1 ms, AMX 5.0-7 / 5.4 / 5.8 ms), and the balance
 differs by CPU and memory. AVX-512 BF16 dot products stream one row fastest but turn
 compute-bound by 8 rows where a core has one 512-bit FMA port (same CPU, whole SmolLM2 passes at
-1 / 4 / 8 tokens, one process, scripts/kernel_ab.py: AVX2 12.7 / 16.3 / 28.4 ms, AMX 12.0 / 13.9
-/ 16.3, AVX-512 BF16 11.9 / 14.2 / 23.1); CPUs with AVX-512 BF16 but no AMX have only them beside
-AVX2. VNNI's columns cut the integer work per extra row (one VPDPBUSD for 16 outputs x 4 inputs)
-but cost a little at one row (4.8 vs 4.55 ms). So each runs over weights larger than the caches
-at the widths speculation uses, and the fastest in sum wins. A row's bits depend on the choice,
-so it is made once, before any product (and any weight's layout), and remembered beside the
-built library for every later process on this machine (processes starting together wait for
-the first to measure).
+1 / 4 / 8 tokens, one process, scripts/kernel_ab.py, bench/results/kernel_ab_stop61.txt: AVX2
+10.4 / 13.8 / 23.3 ms, AMX 8.9 / 10.0 / 11.1, AVX-512 BF16 8.3 / 11.4 / 18.4); CPUs with AVX-512
+BF16 but no AMX (AMD Zen 4) have only them beside AVX2. VNNI's columns cut the integer work per
+extra row (one VPDPBUSD for 16 outputs x 4 inputs) but cost a little at one row (4.8 vs 4.55 ms).
+So each runs over weights larger than the caches at the widths speculation uses, and the fastest
+in sum wins. A row's bits depend on the choice, so it is made once, before any product (and any
+weight's layout), and remembered beside the built library for every later process on this
+machine (processes starting together wait for the first to measure).
 "grouped_wide": where VNNI runs the columns layout, its full 16-row chunks (prefill, wide verify
 passes) on AMX-INT8 tiles or not: the same integer dots and float steps, so the same bits.
 SPECDEC_BF16_KERNEL=avx2|amx|avx512, SPECDEC_GROUPED_KERNEL=avx2|vnni and SPECDEC_GROUPED_WIDE_KERNEL=vnni|amx
