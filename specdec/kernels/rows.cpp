@@ -16,7 +16,7 @@
 // list of cache positions, in cache order), softmax and the weighted sum of values, with sums in
 // the same fixed lane order; nothing depends on the other rows of the call. The rows of one
 // sequence and the query heads of one kv head only share the (exact) float32 conversion of the
-// keys and values they all see.
+// keys and values each reads from position 0 on (a causal prefill's rows: each its own prefix).
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/syscall.h>
@@ -1390,31 +1390,23 @@ inline void dots(const float* q, const typename W::T* const* k, int64_t hd, floa
     }
 }
 
-// The runs of a call: consecutive rows reading one sequence (the same base), and for each the keys
-// [0, P) every row of it sees (P: the shortest row's count, or leading run of positions 0, 1, ...
-// in its list); 0 for a run of one row, which reads its keys as it goes (a copy would be read back
-// by as few as one head).
+// The runs of a call: consecutive rows reading one sequence (the same base); and for each row the
+// keys [0, P) it reads in cache order from position 0 (its count, or the leading run of positions
+// 0, 1, ... in its list), which the queries of a work item convert once and share (attend).
 inline void row_runs(const int64_t* base, const int64_t* count, const int64_t* start, const int64_t* index,
-                     int64_t rows, std::vector<int64_t>& run_start, std::vector<int64_t>& shared) {
+                     int64_t rows, std::vector<int64_t>& run_start, std::vector<int64_t>& prefix) {
     for (int64_t r = 0; r < rows; ++r)
         if (r == 0 || base[r] != base[r - 1]) run_start.push_back(r);
     run_start.push_back(rows);
-    for (size_t u = 0; u + 1 < run_start.size(); ++u) {
-        if (run_start[u + 1] - run_start[u] == 1) {
-            shared.push_back(0);
-            continue;
+    prefix.resize(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t pr = count[r];
+        if (index) {
+            const int64_t* at = index + start[r];
+            pr = 0;
+            while (pr < count[r] && at[pr] == pr) ++pr;
         }
-        int64_t p = INT64_MAX;
-        for (int64_t r = run_start[u]; r < run_start[u + 1]; ++r) {
-            int64_t pr = count[r];
-            if (index) {
-                const int64_t* at = index + start[r];
-                pr = 0;
-                while (pr < count[r] && at[pr] == pr) ++pr;
-            }
-            p = std::min(p, pr);
-        }
-        shared.push_back(p);
+        prefix[r] = pr;
     }
 }
 
@@ -1509,9 +1501,12 @@ inline float softmax_in_place(float* sc, int64_t n, float scale) {
 // position p's head g at p * pos_stride + g * head_stride; its keys are positions
 // index[start[r] .. start[r] + count[r]) when index is given, else 0 .. count[r]. out [rows, nh, hd].
 // Every (row, head) gets the same instructions over its keys in order whatever the rest of the call
-// holds: its scores, softmax and weighted sum of values. The query heads of a kv head, over the rows
-// of a run, only share the conversion of the keys and values they all see to float32 (exact), CH at a
-// time: a verify pass (and a grouped-query head) reads those once, not once a row and head.
+// holds: its scores, softmax and weighted sum of values. The query vectors of a work item (the
+// query heads of one kv head over rows of one sequence) only share the conversion of the keys and
+// values they read from position 0 on to float32 (exact), CH at a time, each query taking the part
+// of a chunk within its own prefix: a verify pass, a prefill chunk's causal rows and a grouped-query
+// head's heads read those once, not once a row and head. The rest of a row's keys (a tree's own
+// rows) are read from the cache as they come.
 template <class W, class Y>
 void attend(const float* q, const typename W::T* k, const typename W::T* v, const int64_t* base,
             const int64_t* count, const int64_t* start, const int64_t* index, Y* out,
@@ -1519,9 +1514,9 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
             float scale) {
     constexpr int64_t CH = 16;
     const int64_t group = nh / nkv;
-    std::vector<int64_t> run_start, shared;
-    row_runs(base, count, start, index, rows, run_start, shared);
-    const int64_t runs = int64_t(shared.size());
+    std::vector<int64_t> run_start, prefix;
+    row_runs(base, count, start, index, rows, run_start, prefix);
+    const int64_t runs = int64_t(run_start.size()) - 1;
     // work items: a run's query heads of one kv head, split in `parts` so that a lone sequence's
     // few kv heads still keep every thread busy (each part converts the shared keys for itself)
     const int64_t threads = omp_get_max_threads();
@@ -1529,10 +1524,11 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
     #pragma omp parallel
     {
         std::vector<float> scores, acc, inv, buf(CH * hd);
+        std::vector<int64_t> shared;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < runs * nkv * parts; ++item) {
             const int64_t u = item / (nkv * parts), g = item / parts % nkv, part = item % parts;
-            const int64_t r0 = run_start[u], R = run_start[u + 1] - r0, P = shared[u];
+            const int64_t r0 = run_start[u], R = run_start[u + 1] - r0;
             const int64_t all = R * group;  // the run's query vectors of this kv head: (row, head)
             const int64_t first = all * part / parts, Q = all * (part + 1) / parts - first;
             if (Q == 0) continue;
@@ -1547,23 +1543,33 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
             auto row = [&](int64_t i) { return r0 + (first + i) / group; };
             auto head = [&](int64_t i) { return g * group + (first + i) % group; };
             auto query = [&](int64_t i) { return q + (row(i) * nh + head(i)) * hd; };
+            // each query's keys from position 0 in the shared float32 chunks: none for a lone query
+            // (a copy read back once would only cost a store and a load)
+            shared.assign(Q, 0);
+            int64_t P = 0;
+            for (int64_t i = 0; i < Q && Q > 1; ++i) P = std::max(P, shared[i] = prefix[row(i)]);
             for (int64_t c0 = 0; c0 < P; c0 += CH) {  // the shared keys
                 const int64_t c1 = std::min(P, c0 + CH);
                 convert_keys<W>(kg, c0, c1, hd, pos_stride, buf.data());
                 for (int64_t i = 0; i < Q; ++i)
-                    score_keys<F32>(query(i), buf.data(), nullptr, 0, c1 - c0, hd, hd, &scores[i * stride + c0]);
+                    if (shared[i] > c0)
+                        score_keys<F32>(query(i), buf.data(), nullptr, 0, std::min(c1, shared[i]) - c0, hd, hd,
+                                        &scores[i * stride + c0]);
             }
-            for (int64_t i = 0; i < Q; ++i) {  // each row's own keys, and the softmax
+            for (int64_t i = 0; i < Q; ++i) {  // each row's other keys, and the softmax
                 const int64_t r = row(i), n = count[r];
                 if (n == 0) continue;
-                score_keys<W>(query(i), kg, index ? index + start[r] : nullptr, P, n, hd, pos_stride, &scores[i * stride]);
+                score_keys<W>(query(i), kg, index ? index + start[r] : nullptr, shared[i], n, hd, pos_stride,
+                              &scores[i * stride]);
                 inv[i] = softmax_in_place(&scores[i * stride], n, scale);
             }
             for (int64_t c0 = 0; c0 < P; c0 += CH) {  // the shared values
                 const int64_t c1 = std::min(P, c0 + CH);
                 convert_keys<W>(vg, c0, c1, hd, pos_stride, buf.data());
                 for (int64_t i = 0; i < Q; ++i)
-                    weigh_values<F32>(&scores[i * stride + c0], buf.data(), nullptr, 0, c1 - c0, hd, hd, &acc[i * hd]);
+                    if (shared[i] > c0)
+                        weigh_values<F32>(&scores[i * stride + c0], buf.data(), nullptr, 0, std::min(c1, shared[i]) - c0,
+                                          hd, hd, &acc[i * hd]);
             }
             for (int64_t i = 0; i < Q; ++i) {
                 const int64_t r = row(i), n = count[r];
@@ -1572,8 +1578,8 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
                     for (int64_t d = 0; d < hd; ++d) store(o + d, 0.f);
                     continue;
                 }
-                weigh_values<W>(&scores[i * stride], vg, index ? index + start[r] : nullptr, P, n, hd, pos_stride,
-                                &acc[i * hd]);
+                weigh_values<W>(&scores[i * stride], vg, index ? index + start[r] : nullptr, shared[i], n, hd,
+                                pos_stride, &acc[i * hd]);
                 for (int64_t d = 0; d < hd; ++d) store(o + d, acc[i * hd + d] * inv[i]);
             }
         }
