@@ -264,8 +264,9 @@ def test_attention_by_counts_or_positions_gives_the_same_bits(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("hd", [44, 64, 72])  # a tail; 8 vectors; 8 vectors and one more
 def test_each_attention_row_has_the_bits_it_has_alone(dtype, hd):
-    """Rows of one sequence share the conversion of the keys they all see (a verify pass's chain or
-    tree over a long prefix); each row's output must still be what a call of that row alone gives."""
+    """Rows of one sequence share the conversion of the keys each reads from position 0 (a verify
+    pass's chain or tree over a long prefix, a prefill's causal rows); each row's output must still
+    be what a call of that row alone gives."""
     g = torch.Generator().manual_seed(3)
     B, nh, nkv, L = 2, 6, 2, 120
     k, v = (torch.randn(B, nkv, L, hd, generator=g).to(dtype) for _ in range(2))
