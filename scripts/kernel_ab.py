@@ -9,12 +9,10 @@ import sys
 
 import torch
 
-from specdec.bench.pass_costs import median_pass_ms, streaming_bandwidth, weight_bytes_per_pass
+from specdec.bench.pass_costs import WIDTHS, median_pass_ms, streaming_bandwidth, weight_bytes_per_pass
 from specdec.engine.loading import load_runner
 from specdec.kernels import build, variants
 from specdec.models.checkpoint import open_model
-
-WIDTHS = (1, 2, 4, 8, 16, 32)
 
 
 def main() -> None:

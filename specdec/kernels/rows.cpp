@@ -1547,7 +1547,8 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
             // (a copy read back once would only cost a store and a load)
             shared.assign(Q, 0);
             int64_t P = 0;
-            for (int64_t i = 0; i < Q && Q > 1; ++i) P = std::max(P, shared[i] = prefix[row(i)]);
+            if (Q > 1)
+                for (int64_t i = 0; i < Q; ++i) P = std::max(P, shared[i] = prefix[row(i)]);
             for (int64_t c0 = 0; c0 < P; c0 += CH) {  // the shared keys
                 const int64_t c1 = std::min(P, c0 + CH);
                 convert_keys<W>(kg, c0, c1, hd, pos_stride, buf.data());
