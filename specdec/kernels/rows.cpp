@@ -145,37 +145,74 @@ struct alignas(64) TileConfig {
     uint8_t rows[16];
 };
 
-// tile 0: sums [16 outputs n][r rows m] float32; 4: weights [16 n][32 k]; 6: x [16 k pairs][r m x 2],
-// for a chunk of r <= 16 rows of x (the tiles only r columns wide: a lone row is read where it lies)
-AMX_TARGET inline void amx_configure(int r) {
+// tile 0: sums [16 outputs n][r0 rows m] float32 for a chunk of x, 1: the same for the next chunk
+// (r1 rows); 4: weights [16 n][32 k]; 6 and 7: the chunks of x [16 k pairs][r m x 2], r0 and r1 <=
+// 16 rows (r1 = 0: one chunk; the tiles only r columns wide: a lone row is read where it lies)
+AMX_TARGET inline void amx_configure(int r0, int r1) {
     TileConfig c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int t : {0, 4, 6}) {
-        c.rows[t] = 16;
-        c.colsb[t] = t == 4 ? 64 : 4 * r;
-    }
+    c.rows[4] = 16;
+    c.colsb[4] = 64;
+    for (int t : {0, 6}) c.rows[t] = 16, c.colsb[t] = uint16_t(4 * r0);
+    if (r1)
+        for (int t : {1, 7}) c.rows[t] = 16, c.colsb[t] = uint16_t(4 * r1);
     _tile_loadconfig(&c);
 }
 
-// One column block of 16 outputs from n0, over one chunk of x as B tiles (xp, row stride ldx bytes).
+// One column block of 16 outputs from n0 over one chunk of x as a B tile (xp, row stride ldx
+// bytes) or two (CHUNKS 2: the next at xp1, stride ldx1), each weight tile loaded once for both.
 // A block a work item: measured faster than two or four blocks sharing each load of x (Intel Xeon
 // with AMX, 2 threads, one process alternating, SmolLM2's projections and head at 1 / 4 / 8 rows:
-// 4.83 / 5.20 / 5.90 ms with one, 5.38 / 5.76 / 6.27 with two, 5.73 / 6.02 / 6.55 with four)
-AMX_TARGET inline void amx_block(const uint16_t* w, int64_t K, const uint16_t* xp, int64_t ldx, int64_t n0,
-                                 float* sums) {
+// 4.83 / 5.20 / 5.90 ms with one, 5.38 / 5.76 / 6.27 with two, 5.73 / 6.02 / 6.55 with four; and
+// with chunks in pairs, at 32 / 64 / 256 rows: 28.3 / 39.5 / 135.9 ms with one block, 34.5 / 47.4 /
+// 157.5 with two sharing each load of x: bench/results/amx_pairs_stop62.txt)
+template <int CHUNKS>
+AMX_TARGET inline void amx_block(const uint16_t* w, int64_t K, const uint16_t* xp, int64_t ldx, const uint16_t* xp1,
+                                 int64_t ldx1, int64_t n0, float (*sums)[256]) {
     const int64_t ldw = K * 2;
     // The next block's weights follow these (16 rows of w): their cache lines are asked for while
     // this one runs, 16 lines a step, as tile() does
     const char* next = reinterpret_cast<const char*>(w + (n0 + 16) * K);
     _tile_zero(0);
+    if (CHUNKS == 2) _tile_zero(1);
     for (int64_t k = 0; k < K; k += 32) {
         for (int64_t b = 0; b < 16 * 64; b += 64) _mm_prefetch(next + k / 32 * 16 * 64 + b, _MM_HINT_T0);
-        _tile_loadd(6, reinterpret_cast<const char*>(xp) + k / 2 * ldx, ldx);
         _tile_loadd(4, w + n0 * K + k, ldw);
+        _tile_loadd(6, reinterpret_cast<const char*>(xp) + k / 2 * ldx, ldx);
         _tile_dpbf16ps(0, 4, 6);
+        if (CHUNKS == 2) {
+            _tile_loadd(7, reinterpret_cast<const char*>(xp1) + k / 2 * ldx1, ldx1);
+            _tile_dpbf16ps(1, 4, 7);
+        }
     }
-    _tile_stored(0, sums, 64);
+    _tile_stored(0, sums[0], 64);
+    if (CHUNKS == 2) _tile_stored(1, sums[1], 64);
+}
+
+// Row j's outputs n0 .. n0 + 15 from a sums tile [16 n][16 m], 16 at once, through the epilogue
+// in its order: times the scale, plus the bias (each lane what Epilogue::apply gives)
+AMX_TARGET inline __m512 amx_row(const float* sums, int j, const Epilogue& e, int64_t n0) {
+    const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                              _mm512_set1_epi32(16));
+    __m512 v = _mm512_i32gather_ps(column, sums + j, 4);
+    if (e.scale) v = _mm512_mul_ps(v, _mm512_loadu_ps(e.scale + n0));
+    if (e.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(e.bias + n0));
+    return v;
+}
+AMX_TARGET inline void amx_put(float* y, __m512 v) { _mm512_storeu_ps(y, v); }
+AMX_TARGET inline void amx_put(uint16_t* y, __m512 v) {  // store()'s rounding to nearest even, NaN a quiet NaN
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i bits = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    bits = _mm512_mask_mov_epi32(bits, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm512_cvtepi32_epi16(bits));
+}
+// y's first r rows (row stride ldy), outputs n0 .. n0 + 15 (the scalar epilogue took ~10% of a
+// 16-64-row pass)
+template <class Y>
+AMX_TARGET inline void amx_store(const float* sums, int r, const Epilogue& e, Y* y, int64_t ldy, int64_t n0) {
+    for (int j = 0; j < r; ++j) amx_put(y + j * ldy + n0, amx_row(sums, j, e, n0));
 }
 
 // Columns [0, N16) of y = x @ w.T, x bfloat16 [M, K] with K % 32 == 0, N16 % 16 == 0
@@ -192,25 +229,32 @@ AMX_TARGET void amx_linear(const uint16_t* x, const uint16_t* w, const Epilogue&
         for (int64_t j = 0; j < r; ++j)
             for (int64_t p = 0; p < P; ++p) packed[c * 16 * P + p * r + j] = xr[(c * 16 + j) * P + p];
     }
+    const auto rows_of = [&](int64_t c) { return int(std::min<int64_t>(16, M - c * 16)); };
+    const auto chunk = [&](int64_t c) {
+        return M > 1 ? reinterpret_cast<const uint16_t*>(packed.data() + c * 16 * P) : x;
+    };
     const int64_t blocks = N16 / 16;
     #pragma omp parallel
     {
-        alignas(64) float sums[256];
-        int configured = 0;
+        alignas(64) float sums[2][256];
+        int configured0 = 0, configured1 = -1;
         #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; ++b) {
             const int64_t n0 = b * 16;
-            for (int64_t c = 0; c < chunks; ++c) {
-                const int r = int(std::min<int64_t>(16, M - c * 16));
-                if (r != configured) amx_configure(configured = r);
-                const uint16_t* xp = M > 1 ? reinterpret_cast<const uint16_t*>(packed.data() + c * 16 * P) : x;
-                amx_block(w, K, xp, 4 * r, n0, sums);
-                for (int64_t j = 0; j < r; ++j)
-                    for (int i = 0; i < 16; ++i)
-                        store(y + (c * 16 + j) * ldy + n0 + i, e.apply(sums[i * 16 + j], n0 + i));
+            // chunks in pairs sharing each weight tile: past 16 rows the tile products, not the
+            // weights' memory, bound a block (SmolLM2's products at 32 / 64 / 256 rows 25-33% faster)
+            for (int64_t c = 0; c < chunks; c += 2) {
+                const int r0 = rows_of(c), r1 = c + 1 < chunks ? rows_of(c + 1) : 0;
+                if (r0 != configured0 || r1 != configured1) amx_configure(configured0 = r0, configured1 = r1);
+                if (r1)
+                    amx_block<2>(w, K, chunk(c), 4 * r0, chunk(c + 1), 4 * r1, n0, sums);
+                else
+                    amx_block<1>(w, K, chunk(c), 4 * r0, nullptr, 0, n0, sums);
+                amx_store(sums[0], r0, e, y + c * 16 * ldy, ldy, n0);
+                if (r1) amx_store(sums[1], r1, e, y + (c + 1) * 16 * ldy, ldy, n0);
             }
         }
-        if (configured) _tile_release();
+        if (configured0) _tile_release();
     }
 }
 
