@@ -30,11 +30,13 @@ def test_a_lone_stream_holds_the_one_slot_until_closed(model_dir):
 @pytest.mark.parametrize("backend", ["native", "transformers"])
 def test_each_backend_runs_lone_requests_through_the_loop(model_dir, backend):
     """The batch of one wraps any runner (models/one_slot.py): plain, prompt lookup and a draft
-    model give the same greedy tokens on either backend."""
+    model give the same greedy tokens on either backend. K is fixed so that the draft drafts: a
+    draft as large as its target never repays reading the prompt in 24 tokens, and the
+    controller would rightly keep to plain steps (test_draft_read_gate.py)."""
     plain = specdec.load(target=model_dir, dtype="float64", backend=backend)
     want = plain.generate("for i in range(10):\n    ", max_new_tokens=24, temperature=0).token_ids
     for method in ("ngram", "draft"):
-        extra = {"draft": model_dir} if method == "draft" else {}
+        extra = {"draft": model_dir, "draft_tokens": 4} if method == "draft" else {}
         spec = specdec.load(target=model_dir, dtype="float64", backend=backend, method=method, **extra)
         result = spec.generate("for i in range(10):\n    ", max_new_tokens=24, temperature=0)
         assert result.token_ids == want, (backend, method)

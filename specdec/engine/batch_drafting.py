@@ -158,9 +158,21 @@ class BatchDrafting:
         k = 0 if alone else self.choose_k(entries, ready, limits)
         forked_on = self.forked_gate(entries, ready, limits)
         budgets = [0 if entries[slot].forked and not forked_on
-                   else entries[slot].seq.controller.choose(lim) if (alone or entries[slot].tree) and lim
+                   else self.own_budget(entries[slot], lim, alone) if (alone or entries[slot].tree) and lim
                    else min(k, lim) for slot, lim in zip(ready, limits)]
         return (budgets, *self.propose(entries, ready, budgets, early))
+
+    @staticmethod
+    def own_budget(entry: BatchEntry, limit: int, alone: bool) -> int:
+        """A sequence's budget from its own controller; a lone draft model's read of what its
+        cache lacks (its prompt: read at the first draft) counts against drafting's saving
+        over the tokens left, and never delays the first token."""
+        upfront = getattr(entry.proposer, "upfront_seconds", None)
+        seq = entry.seq
+        if not alone or entry.tree or upfront is None:
+            return seq.controller.choose(limit)
+        return seq.controller.choose(limit, upfront_seconds=upfront(seq.context), horizon=seq.remaining,
+                                     first_token=not seq.generated)
 
     def forked_gate(self, entries: list[BatchEntry], ready: list[int], limits: list[int]) -> bool:
         """Whether the forked drafters may draft this step (spec/control/forked_gate.py); True

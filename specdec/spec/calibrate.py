@@ -16,6 +16,7 @@ from specdec.spec.proposers.base import Proposer
 from specdec.spec.verify import tree_attention_mask
 
 WARM_PROMPT = 8  # dummy context length; decoding costs barely depend on it at these sizes
+READ_CALIBRATION = 128  # tokens a draft model reads to time its reading of a prompt
 
 
 @dataclass
@@ -76,6 +77,10 @@ def measure_pass_costs(target: Runner, proposer: Proposer | None, max_k: int, fi
             # on: a pass width of its own (with --compile a graph of its own, ~5 s to compile)
             other = filler_token if drafted[0] != filler_token else filler_token + 1
             proposer.propose(context + [other, other], k, greedy, generator)
+        if hasattr(proposer, "upfront_seconds"):  # a lazily read prompt: time the draft's reading rate
+            proposer.reset([])
+            long_context = [filler_token] * min(READ_CALIBRATION, proposer.runner.max_len - k - 1)
+            proposer.propose(long_context, 1, greedy, generator)
         proposer.reset([filler_token])
     return costs
 

@@ -86,27 +86,39 @@ class DraftLengthController:
         self.probe_gap = self.probe_every
         self.plain_streak = self.probe_every
 
-    def choose(self, limit: int) -> int:
-        """K for the next step, at most `limit` (tokens left, cache room)."""
+    def choose(self, limit: int, upfront_seconds: float = 0.0, horizon: int | None = None,
+               first_token: bool = False) -> int:
+        """K for the next step, at most `limit` (tokens left, cache room). upfront_seconds: what
+        the drafter must read before its first draft (a draft model's lazily read prompt),
+        worth paying only where drafting's saving over the `horizon` tokens left repays it: a
+        short answer to a long prompt (an editor's completion) is then decoded plainly, never
+        slower than plain decoding. first_token: the step gives the answer's first token, which
+        then never waits for that read (a streaming client sees it at plain decoding's time)."""
         limit, self.probing = max(0, limit), False  # a probe only if chosen as one below
         if self.fixed_k is not None:
             return min(self.fixed_k, limit)
         upper = min(self.max_k, limit)
-        if upper == 0:
+        if upper == 0 or (first_token and upfront_seconds > 0):
             return 0
         if not self.target_seconds or self.draft_seconds_per_token is None:
             return min(upper, 4)  # first step: measure a speculative step
         def rate(k: int) -> float:
             return self.expected_tokens(k) / self.step_cost(k)
 
+        def repaid(k: int) -> bool:  # the tokens left at K's rate save more than the read costs
+            if not upfront_seconds or horizon is None:
+                return True
+            return horizon * (1 / rate(0) - 1 / rate(k)) > upfront_seconds
+
         best = max(range(1, upper + 1), key=rate)
-        if rate(best) < self.min_gain * rate(0):
+        if rate(best) < self.min_gain * rate(0) or not repaid(best):
             best = 0
         if best > 0:
             self.plain_streak, self.probe_gap = 0, self.probe_every
             return best
         self.plain_streak += 1
-        if self.plain_streak >= (self.probe_gap or self.probe_every) and self.budget.allows():
+        if (self.plain_streak >= (self.probe_gap or self.probe_every) and self.budget.allows()
+                and repaid(min(self.probe_k, upper))):
             self.plain_streak = 0
             self.probe_gap = min(2 * (self.probe_gap or self.probe_every), self.max_probe_every)
             self.probing = True

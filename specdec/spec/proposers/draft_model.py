@@ -13,6 +13,8 @@ from specdec.sampling.seeded import PositionNoise, race
 from specdec.spec.proposers.base import Proposal
 from specdec.spec.proposers.prompt_lookup import LOOKUP_TOKENS, PromptLookupProposer, with_lookup_chain
 
+READ_SAMPLE = 32  # catch-ups of at least this many tokens time the draft's reading rate
+
 
 class DraftModelProposer:
     name = "draft"
@@ -28,6 +30,7 @@ class DraftModelProposer:
         self.tree_floor = LOOKUP_TOKENS + 1 if lookup else 0
         self.cached: list[int] = []  # the tokens whose keys/values are in the draft cache
         self.verified = 0  # leading cached tokens known to equal the context (which only grows)
+        self.read_seconds_per_token: float | None = None  # timed on catch-ups of READ_SAMPLE tokens or more
 
     def memory_bytes(self) -> int:
         return self.runner.memory_bytes()
@@ -46,6 +49,12 @@ class DraftModelProposer:
         self.runner.rollback(n)
         self.cached = list(prompt_ids[:n])
         self.verified = n
+
+    def upfront_seconds(self, context: list[int]) -> float:
+        """Seconds the next draft would first spend reading what the draft cache lacks (its
+        prompt, the tokens of plain steps since): 0 until a read was timed."""
+        unread = len(context) - 2 - len(self.cached)  # a catch-up of 2 tokens is a draft pass
+        return unread * self.read_seconds_per_token if unread > 0 and self.read_seconds_per_token else 0.0
 
     def _sync(self, context: list[int]) -> list[int]:
         """Roll the draft cache back to its common prefix with context; return what to feed.
@@ -70,8 +79,10 @@ class DraftModelProposer:
             t0 = time.perf_counter()
             self.runner.extend(feed[:-1], want_logits=False)
             self.cached.extend(feed[:-1])
-            feed = feed[-1:]
             sync_seconds = time.perf_counter() - t0
+            if len(feed) > READ_SAMPLE:  # long enough that the pass's fixed costs hardly count
+                self.read_seconds_per_token = sync_seconds / (len(feed) - 1)
+            feed = feed[-1:]
         tokens, rows = [], []
         for i in range(k):
             logits = self.runner.extend(feed, last_logits=True)[-1]  # a 2-token catch-up needs one row

@@ -1,0 +1,81 @@
+"""A draft model reads its prompt at its first draft; a lone sequence drafts only where the tokens
+left repay that read, and not before the first token (spec/control/draft_length.py choose,
+engine/batch_drafting.py own_budget): a short answer to a long prompt is decoded plainly, never
+slower than plain decoding, and a streamed answer starts at plain decoding's time."""
+import pytest
+from test_controller import simulate
+
+import specdec
+from specdec.spec.control.draft_length import DraftLengthController
+from specdec.spec.proposers.draft_model import READ_SAMPLE
+
+from helpers import make_model_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("read_gate"), layers=2, kv_heads=1)
+
+
+def drafting_pays() -> DraftLengthController:
+    """A controller that has learned that K = 8 gains ~4x: 1 s a plain pass, 0.9 acceptance."""
+    c = DraftLengthController(max_k=8)
+    simulate(c, 0.9, lambda k: 1.0 + 0.02 * k, 0.02, steps=200)
+    assert c.choose(8) > 0
+    return c
+
+
+def test_drafting_waits_until_the_tokens_left_repay_the_read():
+    c = drafting_pays()
+    a = c.acceptance
+    seconds_per_token = {k: c.step_cost(k) / ((1 - a ** (k + 1)) / (1 - a)) for k in range(9)}
+    k = c.choose(8)
+    saving = seconds_per_token[0] - seconds_per_token[k]  # ~0.7 s a token
+    assert c.choose(8, upfront_seconds=10 * saving, horizon=9) == 0  # 9 tokens save less than the read
+    assert c.choose(8, upfront_seconds=10 * saving, horizon=11) == k
+    assert c.choose(8, upfront_seconds=0.0, horizon=1) == k  # nothing to read: nothing to repay
+    assert DraftLengthController(fixed_k=3).choose(8, upfront_seconds=1e9, horizon=1) == 3  # a fixed K is kept
+    # the first token never waits for the read, however long the answer
+    assert c.choose(8, upfront_seconds=saving, horizon=10_000, first_token=True) == 0
+    assert c.choose(8, upfront_seconds=0.0, horizon=10_000, first_token=True) == k
+
+
+def test_no_probe_pays_a_read_that_drafting_would_not_repay():
+    c = DraftLengthController(max_k=8)
+    simulate(c, 0.0, lambda k: 1.0 + 0.05 * k, 0.2)  # useless drafts: plain steps and rare probes
+    probes = [c.choose(8) for _ in range(400)]
+    assert any(probes)
+    assert not any(c.choose(8, upfront_seconds=0.5, horizon=1000) for _ in range(400))
+
+
+def test_the_draft_times_its_reading_and_counts_what_it_lacks(model_dir):
+    decoder = specdec.load(target=model_dir, dtype="float32", method="draft", draft=model_dir)
+    draft = decoder.engine.proposer
+    context = list(range(3, 3 + READ_SAMPLE + 8))
+    draft.reset(context[:4])
+    draft.read_seconds_per_token = None
+    assert draft.upfront_seconds(context) == 0.0  # not timed yet: drafting decides as before
+    draft.propose(context, 2, specdec.SamplingParams(), None)
+    assert draft.read_seconds_per_token > 0  # the catch-up of the prompt timed it
+    assert len(draft.cached) == len(context) + 1  # the context and the first draft (the last is not fed)
+    longer = context + list(range(50, 90))
+    # 40 tokens more, less the draft the cache holds past the context, less the 2 a draft pass
+    # takes in by itself
+    assert draft.upfront_seconds(longer) == pytest.approx(37 * draft.read_seconds_per_token)
+    assert draft.upfront_seconds(context) == 0.0
+
+
+def test_a_short_answer_never_reads_the_prompt_with_the_draft(model_dir):
+    plain = specdec.load(target=model_dir, dtype="float64")
+    spec = specdec.load(target=model_dir, dtype="float64", method="draft", draft=model_dir, calibrate=True)
+    draft = spec.engine.proposer
+    assert draft.read_seconds_per_token > 0  # calibration timed a read
+    prompt = "def f(x):\n    return x + 1\n" * 6
+    want = plain.generate(prompt, max_new_tokens=6, temperature=0).token_ids
+    draft.read_seconds_per_token = 1.0  # a read far slower than 6 tokens can repay
+    got = spec.generate(prompt, max_new_tokens=6, temperature=0)
+    assert got.token_ids == want
+    assert got.stats.drafted_tokens == 0 and len(draft.cached) < 2  # the prompt never read
+    draft.read_seconds_per_token = 1e-12  # a read any answer repays: still not before the first token
+    got = spec.generate(prompt, max_new_tokens=6, temperature=0)
+    assert got.token_ids == want and got.stats.draft_tokens_per_step[0] == 0
