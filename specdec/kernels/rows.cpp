@@ -109,13 +109,33 @@ inline void tile(const float* x, int64_t ldx, const typename W::T* w, int64_t K,
         }
 }
 
+// The loops the product kernels share: a column block's rows [0, M) as 4-row tiles and a tail
+// of 3, 2 or 1 (rows(R, m): R rows from row m, R a std::integral_constant), and its columns
+// [n0, n1) as tiles of C and single columns (columns(C, n)). Inlined whole, lambdas included:
+// left to the compiler, tile()'s 4-8-row products ran 9-13% slower (bench/results/loops_stop62.txt)
+template <class Rows>
+__attribute__((always_inline)) inline void by_row_tiles(int64_t M, const Rows& rows) {
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) rows(std::integral_constant<int, 4>(), m);
+    switch (M - m) {
+        case 3: rows(std::integral_constant<int, 3>(), m); break;
+        case 2: rows(std::integral_constant<int, 2>(), m); break;
+        case 1: rows(std::integral_constant<int, 1>(), m); break;
+        default: break;
+    }
+}
+template <int C, class Columns>
+__attribute__((always_inline)) inline void by_column_tiles(int64_t n0, int64_t n1, const Columns& columns) {
+    int64_t n = n0;
+    for (; n + C <= n1; n += C) columns(std::integral_constant<int, C>(), n);
+    for (; n < n1; ++n) columns(std::integral_constant<int, 1>(), n);
+}
+
 template <class W, int R, class Y>
 inline void rows_block(const float* x, int64_t ldx, const typename W::T* w, int64_t K, Y* y, int64_t ldy,
                        int64_t n0, int64_t n1, const Epilogue& e) {
     constexpr int C = R == 1 ? 8 : R == 2 ? 5 : 3;  // R x C accumulators within 16 registers (measured)
-    int64_t n = n0;
-    for (; n + C <= n1; n += C) tile<W, R, C>(x, ldx, w + n * K, K, y + n, ldy, e, n);
-    for (; n < n1; ++n) tile<W, R, 1>(x, ldx, w + n * K, K, y + n, ldy, e, n);
+    by_column_tiles<C>(n0, n1, [&](auto c, int64_t n) __attribute__((always_inline)) { tile<W, R, decltype(c)::value>(x, ldx, w + n * K, K, y + n, ldy, e, n); });
 }
 
 // Column blocks of NB outputs are the parallel work items; within one, all rows go through
@@ -353,9 +373,7 @@ template <int R, class Y>
 DP_TARGET inline void dp_rows(const uint16_t* x, const uint16_t* w, int64_t K, Y* y, int64_t ldy, int64_t n0,
                               int64_t n1, const Epilogue& e) {
     constexpr int C = R >= 4 ? 4 : 8;  // R x C accumulators, C weights and one input within 32 registers
-    int64_t n = n0;
-    for (; n + C <= n1; n += C) dp_tile<R, C>(x, K, w + n * K, K, y + n, ldy, e, n);
-    for (; n < n1; ++n) dp_tile<R, 1>(x, K, w + n * K, K, y + n, ldy, e, n);
+    by_column_tiles<C>(n0, n1, [&](auto c, int64_t n) __attribute__((always_inline)) { dp_tile<R, decltype(c)::value>(x, K, w + n * K, K, y + n, ldy, e, n); });
 }
 
 // y = x @ w.T, x bfloat16 [M, K] with K % 32 == 0; column blocks of NB outputs as in linear_columns
@@ -366,14 +384,7 @@ DP_TARGET void dp_linear(const uint16_t* x, const uint16_t* w, const Epilogue& e
     #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * NB, n1 = std::min(N, n0 + NB);
-        int64_t m = 0;
-        for (; m + 4 <= M; m += 4) dp_rows<4>(x + m * K, w, K, y + m * ldy, ldy, n0, n1, e);
-        switch (M - m) {
-            case 3: dp_rows<3>(x + m * K, w, K, y + m * ldy, ldy, n0, n1, e); break;
-            case 2: dp_rows<2>(x + m * K, w, K, y + m * ldy, ldy, n0, n1, e); break;
-            case 1: dp_rows<1>(x + m * K, w, K, y + m * ldy, ldy, n0, n1, e); break;
-            default: break;
-        }
+        by_row_tiles(M, [&](auto r, int64_t m) __attribute__((always_inline)) { dp_rows<decltype(r)::value>(x + m * K, w, K, y + m * ldy, ldy, n0, n1, e); });
     }
 }
 #else
@@ -420,14 +431,9 @@ void linear_columns(const void* x_in, bool x_bf16, const typename W::T* w, Epilo
     #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = n_first + b * NB, n1 = std::min(N, n0 + NB);
-        int64_t m = 0;
-        for (; m + 4 <= M; m += 4) rows_block<W, 4>(x + m * K, K, w, K, y + m * ldy, ldy, n0, n1, e);
-        switch (M - m) {
-            case 3: rows_block<W, 3>(x + m * K, K, w, K, y + m * ldy, ldy, n0, n1, e); break;
-            case 2: rows_block<W, 2>(x + m * K, K, w, K, y + m * ldy, ldy, n0, n1, e); break;
-            case 1: rows_block<W, 1>(x + m * K, K, w, K, y + m * ldy, ldy, n0, n1, e); break;
-            default: break;
-        }
+        by_row_tiles(M, [&](auto r, int64_t m) __attribute__((always_inline)) {
+            rows_block<W, decltype(r)::value>(x + m * K, K, w, K, y + m * ldy, ldy, n0, n1, e);
+        });
     }
 }
 
@@ -773,8 +779,8 @@ void glinear(const void* x, bool x_bf16, const uint8_t* w, const GroupScales& gs
     #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * NB, n1 = std::min(N, n0 + NB);
-        int64_t m = 0;
         if constexpr (S > 0) {
+            int64_t m = 0;
             // two levels: tiles of 7 rows, then the last 1-7 rows in one tile (a verify pass is
             // often 5-7), as the weights' unpacking is shared by more rows (measured: 7-row tiles
             // 1.04-1.1x faster than 4-row ones at 12-265 rows, 6 rows the same as 7, 8 not faster
@@ -792,13 +798,9 @@ void glinear(const void* x, bool x_bf16, const uint8_t* w, const GroupScales& gs
             }
             continue;
         }
-        for (; m + 4 <= M; m += 4) qrows_block<G, NIB, SIGNED, OFF, S, 4>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias);
-        switch (M - m) {
-            case 3: qrows_block<G, NIB, SIGNED, OFF, S, 3>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
-            case 2: qrows_block<G, NIB, SIGNED, OFF, S, 2>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
-            case 1: qrows_block<G, NIB, SIGNED, OFF, S, 1>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias); break;
-            default: break;
-        }
+        by_row_tiles(M, [&](auto r, int64_t m) __attribute__((always_inline)) {
+            qrows_block<G, NIB, SIGNED, OFF, S, decltype(r)::value>(xr, M, m, w, gs, K, y + m * ldy, ldy, n0, n1, bias);
+        });
     }
 }
 
