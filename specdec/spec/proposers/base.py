@@ -33,7 +33,10 @@ class Proposal:
 
 class Proposer(Protocol):
     """A drafter. It syncs its own state (caches) from the context it is handed; what gets
-    accepted is learnt by the engine's controller, which sets the budget k each step."""
+    accepted is learnt by the engine's controller, which sets the budget k each step. A drafter
+    that reads its context lazily may also offer upfront_seconds(context), the seconds its next
+    draft would first spend reading (a draft model's prompt): a lone sequence then drafts only
+    where that is repaid (engine/batch_drafting.py own_budget)."""
 
     name: str
     shape: str  # "chain" (budget = drafted tokens) or "tree" (budget = tree nodes)
