@@ -1,7 +1,8 @@
 """A draft model reads its prompt at its first draft; a lone sequence drafts only where the tokens
 left repay that read, and not before the first token (spec/control/draft_length.py choose,
-engine/batch_drafting.py own_budget): a short answer to a long prompt is decoded plainly, never
-slower than plain decoding, and a streamed answer starts at plain decoding's time."""
+engine/batch_drafting.py own_budget): a short answer to a long prompt is decoded without it (prompt
+lookup's drafts standing in where greedy), never slower than plain decoding, and a streamed answer
+starts at plain decoding's time."""
 import pytest
 from test_controller import simulate
 
@@ -32,7 +33,8 @@ def test_drafting_waits_until_the_tokens_left_repay_the_read():
     k = c.choose(8)
     saving = seconds_per_token[0] - seconds_per_token[k]  # ~0.7 s a token
     assert c.choose(8, upfront_seconds=10 * saving, horizon=9) == 0  # 9 tokens save less than the read
-    assert c.choose(8, upfront_seconds=10 * saving, horizon=11) == k
+    assert c.held_back  # plain only because of the read: prompt lookup may stand in
+    assert c.choose(8, upfront_seconds=10 * saving, horizon=11) == k and not c.held_back
     assert c.choose(8, upfront_seconds=0.0, horizon=1) == k  # nothing to read: nothing to repay
     assert DraftLengthController(fixed_k=3).choose(8, upfront_seconds=1e9, horizon=1) == 3  # a fixed K is kept
     # the first token never waits for the read, however long the answer
@@ -46,6 +48,7 @@ def test_no_probe_pays_a_read_that_drafting_would_not_repay():
     probes = [c.choose(8) for _ in range(400)]
     assert any(probes)
     assert not any(c.choose(8, upfront_seconds=0.5, horizon=1000) for _ in range(400))
+    assert not c.held_back  # plain because drafting does not pay, read or not
 
 
 def test_the_draft_times_its_reading_and_counts_what_it_lacks(model_dir):
@@ -67,15 +70,30 @@ def test_the_draft_times_its_reading_and_counts_what_it_lacks(model_dir):
 
 def test_a_short_answer_never_reads_the_prompt_with_the_draft(model_dir):
     plain = specdec.load(target=model_dir, dtype="float64")
-    spec = specdec.load(target=model_dir, dtype="float64", method="draft", draft=model_dir, calibrate=True)
+    spec = specdec.load(target=model_dir, dtype="float64", method="draft", draft=model_dir, calibrate=True,
+                        memory=False)
     draft = spec.engine.proposer
     assert draft.read_seconds_per_token > 0  # calibration timed a read
     prompt = "def f(x):\n    return x + 1\n" * 6
     want = plain.generate(prompt, max_new_tokens=6, temperature=0).token_ids
+    controller = spec.engine.controller_for(specdec.SamplingParams(temperature=0))
+    learned = (controller.accepted_count, controller.rejected_count, controller.draft_seconds_per_token)
     draft.read_seconds_per_token = 1.0  # a read far slower than 6 tokens can repay
     got = spec.generate(prompt, max_new_tokens=6, temperature=0)
     assert got.token_ids == want
-    assert got.stats.drafted_tokens == 0 and len(draft.cached) < 2  # the prompt never read
+    assert len(draft.cached) < 2  # the prompt never read
+    # prompt lookup's drafts stood in (the prompt repeats itself): the draft's controller learned nothing
+    assert got.stats.drafted_tokens > 0
+    assert (controller.accepted_count, controller.rejected_count, controller.draft_seconds_per_token) == learned
     draft.read_seconds_per_token = 1e-12  # a read any answer repays: still not before the first token
-    got = spec.generate(prompt, max_new_tokens=6, temperature=0)
-    assert got.token_ids == want and got.stats.draft_tokens_per_step[0] == 0
+    got = spec.generate(prompt, max_new_tokens=1, temperature=0)
+    assert got.token_ids == want[:1] and len(draft.cached) < 2
+
+
+def test_no_stand_in_when_sampling(model_dir):
+    """Prompt lookup stands in for a held-back draft model only in greedy decoding."""
+    spec = specdec.load(target=model_dir, dtype="float64", method="draft", draft=model_dir, calibrate=True,
+                        memory=False)
+    spec.engine.proposer.read_seconds_per_token = 1.0
+    got = spec.generate("def f(x):\n    return x + 1\n" * 6, max_new_tokens=6, temperature=1.0, seed=3)
+    assert got.stats.drafted_tokens == 0 and len(spec.engine.proposer.cached) < 2

@@ -15,6 +15,7 @@ from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
 from specdec.models.cache import PassPlan
 from specdec.spec.control.batch_width import BatchDraftLength
+from specdec.spec.control.draft_length import DraftLengthController
 from specdec.spec.control.forked_gate import ForkedGate
 from specdec.spec.proposers.base import Proposal, Proposer
 from specdec.spec.proposers.batch_draft import BatchDraftModel, DraftRequest
@@ -22,6 +23,7 @@ from specdec.spec.proposers.draft_model import DraftModelProposer
 from specdec.spec.proposers.prompt_lookup import PromptLookupProposer
 
 BATCHED_METHODS = ("none", "ngram", "draft", "medusa", "eagle")
+STAND_IN_TOKENS = 4  # prompt lookup's drafts a step while a lone draft model waits (a 5-token pass ~1.2x a 1-token one)
 TREE_METHODS = ("medusa", "eagle")
 
 
@@ -72,6 +74,8 @@ class BatchDrafting:
         if engine.method not in self.proposers and hasattr(engine.proposer, "fork"):
             self.proposers[engine.method] = None
             self.forked_method = engine.method
+        # how much prompt lookup drafts while it stands in for a lone draft model (lookup_while_unread)
+        self.stand_in: DraftLengthController | None = None
         self.width = BatchDraftLength()  # the batch's K (unless the engine fixes K)
         self.gate = ForkedGate(self.width)  # whether forked drafters draft at all this step
 
@@ -160,6 +164,9 @@ class BatchDrafting:
         budgets = [0 if entries[slot].forked and not forked_on
                    else self.own_budget(entries[slot], lim, alone) if (alone or entries[slot].tree) and lim
                    else min(k, lim) for slot, lim in zip(ready, limits)]
+        if alone and not budgets[0]:
+            early = self.lookup_while_unread(entries[ready[0]], ready[0], limits[0])
+            budgets = [len(early[ready[0]][0].tokens)] if early else budgets
         return (budgets, *self.propose(entries, ready, budgets, early))
 
     @staticmethod
@@ -173,6 +180,29 @@ class BatchDrafting:
             return seq.controller.choose(limit)
         return seq.controller.choose(limit, upfront_seconds=upfront(seq.context), horizon=seq.remaining,
                                      first_token=not seq.generated)
+
+    def lookup_while_unread(self, entry: BatchEntry, slot: int, limit: int) -> dict[int, tuple[Proposal, float]]:
+        """Where a lone draft model is held back by its unread prompt alone (own_budget: its
+        controller would draft but for the read) and decoding is greedy: prompt lookup's drafts
+        instead (nothing to read; code repeats its prompt), as many as the stand-in's own
+        controller finds worth it (STAND_IN_TOKENS at most; its steps teach that controller, not
+        the draft's). {} where none."""
+        seq = entry.seq
+        if not limit or not seq.params.greedy or entry.tree or not getattr(seq.controller, "held_back", False):
+            return {}
+        if self.stand_in is None:
+            self.stand_in = self.engine.new_controller(False)
+            self.stand_in.max_k, self.stand_in.draft_seconds_per_token = STAND_IN_TOKENS, None
+        k = self.stand_in.choose(limit)
+        if not k:
+            return {}
+        t0 = time.perf_counter()
+        proposal = self.proposers["ngram"].propose(seq.context, k, seq.params, None, history=seq.history,
+                                                   noise=seq.noise)
+        if not proposal.tokens:
+            return {}
+        proposal.stand_in = True
+        return {slot: (proposal, time.perf_counter() - t0)}
 
     def forked_gate(self, entries: list[BatchEntry], ready: list[int], limits: list[int]) -> bool:
         """Whether the forked drafters may draft this step (spec/control/forked_gate.py); True
@@ -244,7 +274,12 @@ class BatchDrafting:
         requests = []
         for slot, budget in zip(ready, budgets):
             seq = entries[slot].seq
-            if budget > 0 and entries[slot].proposer is not None and (entries[slot].forked or slot not in early):
+            if budget > 0 and slot in early:  # the shared lookup's, or a stand-in (lookup_while_unread)
+                proposal, seconds[slot] = early[slot]
+                probs = proposal.draft_probs
+                proposals[slot] = Proposal(proposal.tokens[:budget], None if probs is None else probs[:budget],
+                                           sync_seconds=proposal.sync_seconds, stand_in=proposal.stand_in)
+            elif budget > 0 and entries[slot].proposer is not None:
                 # its own drafter, or a sequence alone: drafts at its budget
                 t0 = time.perf_counter()
                 proposals[slot] = entries[slot].proposer.propose(seq.context, budget, seq.params, seq.generator,
@@ -253,11 +288,6 @@ class BatchDrafting:
             elif budget > 0 and entries[slot].method == "draft":
                 requests.append(DraftRequest(slot, seq.context, budget, seq.params, seq.generator,
                                              seq.history, seq.noise))
-            elif budget > 0:
-                proposal, seconds[slot] = early[slot]
-                probs = proposal.draft_probs
-                proposals[slot] = Proposal(proposal.tokens[:budget], None if probs is None else probs[:budget],
-                                           sync_seconds=proposal.sync_seconds)
             else:
                 proposals[slot], seconds[slot] = Proposal([]), early[slot][1] if slot in early else 0.0
         elapsed = 0.0

@@ -287,7 +287,10 @@ class Scheduler:
                 entry.proposer.observe_target(self.runner.last_hidden[slot][kept])
             kept_logits = logits[slot][kept] if seq.token_logprobs is not None else None  # logprobs only
             step = self.engine.emit(seq, tokens, kept_logits, budget, proposal, n, drafted_in,
-                                    target_seconds, other_since=t1, observe=entry.method != "none")
+                                    target_seconds, other_since=t1,
+                                    observe=entry.method != "none" and not proposal.stand_in)
+            if proposal.stand_in:  # prompt lookup's drafts for a held-back draft model
+                self.drafting.stand_in.observe(step)
             events.append(StepEvent(seq, step))
         self.drafting.gate.observe_step(sum(len(e.step.new_tokens) for e in events if e.step is not None),
                                         time.perf_counter() - began, len(ready))

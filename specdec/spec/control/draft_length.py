@@ -37,6 +37,7 @@ class DraftLengthController:
     kept_evidence: float = 4.0
     budget: ProbeBudget = field(default_factory=ProbeBudget)
     probing: bool = False  # the step chosen last is a probe
+    held_back: bool = False  # the step chosen last is plain only because of upfront_seconds
 
     @property
     def acceptance(self) -> float:
@@ -94,11 +95,14 @@ class DraftLengthController:
         short answer to a long prompt (an editor's completion) is then decoded plainly, never
         slower than plain decoding. first_token: the step gives the answer's first token, which
         then never waits for that read (a streaming client sees it at plain decoding's time)."""
-        limit, self.probing = max(0, limit), False  # a probe only if chosen as one below
+        limit, self.probing, self.held_back = max(0, limit), False, False  # set below where so
         if self.fixed_k is not None:
             return min(self.fixed_k, limit)
         upper = min(self.max_k, limit)
-        if upper == 0 or (first_token and upfront_seconds > 0):
+        if upper == 0:
+            return 0
+        if first_token and upfront_seconds > 0:
+            self.held_back = True
             return 0
         if not self.target_seconds or self.draft_seconds_per_token is None:
             return min(upper, 4)  # first step: measure a speculative step
@@ -111,8 +115,10 @@ class DraftLengthController:
             return horizon * (1 / rate(0) - 1 / rate(k)) > upfront_seconds
 
         best = max(range(1, upper + 1), key=rate)
-        if rate(best) < self.min_gain * rate(0) or not repaid(best):
+        if rate(best) < self.min_gain * rate(0):
             best = 0
+        elif not repaid(best):
+            best, self.held_back = 0, True
         if best > 0:
             self.plain_streak, self.probe_gap = 0, self.probe_every
             return best

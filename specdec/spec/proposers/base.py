@@ -29,6 +29,9 @@ class Proposal:
     # time spent feeding the drafter tokens it did not draft (after plain steps): a one-off
     # cost, kept out of the controller's per-step drafting cost
     sync_seconds: float = 0.0
+    # prompt lookup's drafts standing in for a drafter held back this step (a draft model whose
+    # prompt read would not be repaid): kept out of that drafter's controller
+    stand_in: bool = False
 
 
 class Proposer(Protocol):
