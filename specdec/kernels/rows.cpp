@@ -372,7 +372,12 @@ DP_TARGET inline void dp_tile(const uint16_t* x, int64_t ldx, const uint16_t* w,
 template <int R, class Y>
 DP_TARGET inline void dp_rows(const uint16_t* x, const uint16_t* w, int64_t K, Y* y, int64_t ldy, int64_t n0,
                               int64_t n1, const Epilogue& e) {
-    constexpr int C = R >= 4 ? 4 : 8;  // R x C accumulators, C weights and one input within 32 registers
+    // R x C accumulators, C weights and one input within 32 registers. Fewer columns for fewer rows:
+    // 1 or 2 rows read one weight row at a time (one sequential run, the next row prefetched), 3 rows
+    // two: on an AMD EPYC (Zen 4) whole SmolLM2 passes of 1 / 2 / 3 tokens took 0.83 / 0.88 / 0.85x the
+    // time of 8 interleaved weight rows (bench/results/dp_columns_stop63.txt). Each output's sum is
+    // the same sequence whatever C is: the same bits.
+    constexpr int C = R >= 4 ? 4 : R == 3 ? 2 : 1;
     by_column_tiles<C>(n0, n1, [&](auto c, int64_t n) __attribute__((always_inline)) { dp_tile<R, decltype(c)::value>(x, K, w + n * K, K, y + n, ldy, e, n); });
 }
 
@@ -384,7 +389,17 @@ DP_TARGET void dp_linear(const uint16_t* x, const uint16_t* w, const Epilogue& e
     #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * NB, n1 = std::min(N, n0 + NB);
-        by_row_tiles(M, [&](auto r, int64_t m) __attribute__((always_inline)) { dp_rows<decltype(r)::value>(x + m * K, w, K, y + m * ldy, ldy, n0, n1, e); });
+        // Past 4 rows, all row tiles go through each 4-column tile while its weights are in L1 (a
+        // 32-column block of them is not: each row tile read it again from L2; 5-64 tokens 0.87-0.93x)
+        if (M <= 4) {
+            by_row_tiles(M, [&](auto r, int64_t m) __attribute__((always_inline)) { dp_rows<decltype(r)::value>(x + m * K, w, K, y + m * ldy, ldy, n0, n1, e); });
+            continue;
+        }
+        by_column_tiles<4>(n0, n1, [&](auto c, int64_t n) __attribute__((always_inline)) {
+            by_row_tiles(M, [&](auto r, int64_t m) __attribute__((always_inline)) {
+                dp_rows<decltype(r)::value>(x + m * K, w, K, y + m * ldy, ldy, n, n + decltype(c)::value, e);
+            });
+        });
     }
 }
 #else
