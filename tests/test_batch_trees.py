@@ -275,3 +275,41 @@ def test_forked_drafting_is_not_tried_where_even_its_measured_acceptance_cannot_
     assert not gate.could_pay(2, [(TreeSizeController([2, 4]), 1)] * 2)  # no size it may choose fits
     seen = gate.allows(16, [(controller(0.7), 1)] * 16), gate.current
     assert seen == (False, None) and not gate.buckets  # no bucket explored or charged
+
+
+def test_forked_drafting_is_charged_the_forks_measured_seconds():
+    """The forks draft one after another, so a batch pays each one's drafting: drafts accepted
+    70% of the time that pay where drafting is free (passes of 2 and 4 rows cost about the same)
+    do not once the forks measured 3.7 ms a drafted token, and pay again when they draft faster."""
+    from specdec.spec.control.batch_width import BatchDraftLength
+    from specdec.spec.control.forked_gate import ForkedGate
+
+    c = TreeSizeController([1, 2, 4])
+    c.samples[1], c.weight[1], c.tokens[1], c.seconds[1] = 8, 8.0, 8 * 1.7, 0.08
+    width = BatchDraftLength()
+    width.target.seconds = {2: 0.0102, 4: 0.0105}
+    gate = ForkedGate(width)
+    assert gate.could_pay(2, [(c, 1)] * 2)  # not measured: free
+    gate.observe_drafting(0.0, 1)  # nothing measured
+    gate.observe_drafting(0.004, 0)
+    assert gate.draft_seconds_per_token is None
+    gate.observe_drafting(0.0074, 2)
+    assert gate.draft_seconds_per_token == pytest.approx(0.0037)
+    assert not gate.could_pay(2, [(c, 1)] * 2)
+    for _ in range(20):
+        gate.observe_drafting(0.001, 1)
+    assert gate.could_pay(2, [(c, 1)] * 2)
+
+
+def test_a_batch_measures_its_forks_drafting(dirs, monkeypatch):
+    """Every fork's drafting is timed for the gate, at the budget it drafted, its catch-up left out."""
+    from specdec.spec.control.forked_gate import ForkedGate
+
+    target, heads = dirs
+    seen = []
+    original = ForkedGate.observe_drafting
+    monkeypatch.setattr(ForkedGate, "observe_drafting", lambda self, s, t: seen.append((s, t)) or original(self, s, t))
+    spec = specdec.load(target=target, draft=heads["eagle"], method="eagle", draft_tokens=8, calibrate=False)
+    got = spec.generate_batch(PROMPTS[:3], [dict(max_new_tokens=20, method="eagle")] * 3, max_batch=3)
+    assert len(seen) == sum(g.stats.num_drafts for g in got) > 0
+    assert {t for _, t in seen} == {8} and all(s > 0 for s, _ in seen)

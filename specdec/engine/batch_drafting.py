@@ -285,6 +285,9 @@ class BatchDrafting:
                 proposals[slot] = entries[slot].proposer.propose(seq.context, budget, seq.params, seq.generator,
                                                                       history=seq.history, noise=seq.noise)
                 seconds[slot] = time.perf_counter() - t0
+                if entries[slot].forked:  # what a batch's forks cost one after another (ForkedGate); not
+                    # their catch-up, which holds a whole prompt at a sequence's first draft
+                    self.gate.observe_drafting(seconds[slot] - proposals[slot].sync_seconds, budget)
             elif budget > 0 and entries[slot].method == "draft":
                 requests.append(DraftRequest(slot, seq.context, budget, seq.params, seq.generator,
                                              seq.history, seq.noise))

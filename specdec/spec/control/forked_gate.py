@@ -30,6 +30,10 @@ class ForkedGate:
     width: BatchDraftLength  # the batch's measured pass costs
     buckets: dict[int, TreeSizeController] = field(default_factory=dict)  # by batch size (a power of two)
     current: tuple[TreeSizeController, int] | None = None  # this step's bucket and choice
+    # a fork's drafting seconds per drafted token (a tree: node), its catch-up left out, measured
+    # wherever a fork drafts (a sequence alone too); None until then: drafting counted free
+    draft_seconds_per_token: float | None = None
+    decay: float = 0.8
 
     def allows(self, n: int, forked: list[tuple[Controller, int]]) -> bool:
         """Whether the forked drafters of a step of n sequences may draft; forked: the
@@ -49,10 +53,12 @@ class ForkedGate:
         """Whether forked drafting could beat a plain step of n sequences at all, by the batch's
         measured pass costs and each sequence's measured tokens a step at each size its
         controller may choose (an unmeasured size counts every node accepted), drafting itself
-        counted free, by the margin the batch's K asks of drafts (estimates are noisy). Once a
-        pass is compute-bound a drafted row costs about as much as a plain one and pays only if
-        nearly always accepted (SmolLM2 bf16 here: 2.45 ms a row in a 16-row pass, 2.34 in a
-        32-row one); where it cannot pay, the gate is neither explored nor charged."""
+        charged at the forks' measured seconds a drafted token (free until measured: the forks
+        draft one after another, so a full batch pays each one's), by the margin the batch's K
+        asks of drafts (estimates are noisy). Once a pass is compute-bound a drafted row costs
+        about as much as a plain one and pays only if nearly always accepted (SmolLM2 bf16 here:
+        2.45 ms a row in a 16-row pass, 2.34 in a 32-row one); where it cannot pay, the gate is
+        neither explored nor charged."""
         plain = self.width.target.estimate(n)
         if not plain or not forked:
             return True
@@ -67,9 +73,20 @@ class ForkedGate:
                     rows += size
                     tokens += expected_tokens(controller, size) - 1
             cost = self.width.target.estimate(rows)
-            if cost is None or tokens / cost > self.width.min_gain * n / plain:
+            if cost is None:
+                return True
+            cost += (rows - n) * (self.draft_seconds_per_token or 0.0)
+            if tokens / cost > self.width.min_gain * n / plain:
                 return True
         return False
+
+    def observe_drafting(self, seconds: float, tokens: int) -> None:
+        """One fork's drafting: `tokens` drafts (a tree: nodes) in `seconds`."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        rate = seconds / tokens
+        old = self.draft_seconds_per_token
+        self.draft_seconds_per_token = rate if old is None else self.decay * old + (1 - self.decay) * rate
 
     def _smaller_batch_off(self, bucket: int) -> bool:
         """Whether a smaller batch measured forked drafting slower than plain steps. Its cost
