@@ -296,13 +296,15 @@ def test_forked_drafting_is_charged_the_forks_measured_seconds():
     gate.observe_drafting(0.0074, 2)
     assert gate.draft_seconds_per_token == pytest.approx(0.0037)
     assert not gate.could_pay(2, [(c, 1)] * 2)
+    gate.observe_drafting(1.0, 1)  # a stall: counted at twice the estimate, not as measured
+    assert gate.draft_seconds_per_token == pytest.approx(0.8 * 0.0037 + 0.2 * 0.0074)
     for _ in range(20):
         gate.observe_drafting(0.001, 1)
     assert gate.could_pay(2, [(c, 1)] * 2)
 
 
 def test_a_batch_measures_its_forks_drafting(dirs, monkeypatch):
-    """Every fork's drafting is timed for the gate, at the budget it drafted, its catch-up left out."""
+    """Every fork's drafting is timed for the gate, at the budget it drafted."""
     from specdec.spec.control.forked_gate import ForkedGate
 
     target, heads = dirs

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdec.spec.control.base import Controller
+from specdec.spec.control.base import Controller, screen_timing
 from specdec.spec.control.batch_width import BatchDraftLength
 from specdec.spec.control.tree_size import TreeSizeController
 from specdec.stats import StepRecord
@@ -84,9 +84,12 @@ class ForkedGate:
         """One fork's drafting: `tokens` drafts (a tree: nodes) in `seconds`."""
         if tokens <= 0 or seconds <= 0:
             return
-        rate = seconds / tokens
-        old = self.draft_seconds_per_token
-        self.draft_seconds_per_token = rate if old is None else self.decay * old + (1 - self.decay) * rate
+        rate, old = seconds / tokens, self.draft_seconds_per_token
+        if old is None:
+            self.draft_seconds_per_token = rate
+            return
+        rate, drop_old = screen_timing(rate, old)  # one stall must not switch a batch's drafting off
+        self.draft_seconds_per_token = rate if drop_old else self.decay * old + (1 - self.decay) * rate
 
     def _smaller_batch_off(self, bucket: int) -> bool:
         """Whether a smaller batch measured forked drafting slower than plain steps. Its cost
