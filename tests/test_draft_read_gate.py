@@ -3,8 +3,10 @@ left repay that read, and not before the first token (spec/control/draft_length.
 engine/batch_drafting.py own_budget): a short answer to a long prompt is decoded without it (prompt
 lookup's drafts standing in where greedy), never slower than plain decoding, and a streamed answer
 starts at plain decoding's time."""
+import random
+
 import pytest
-from test_controller import simulate
+from test_controller import record, simulate
 
 import specdec
 from specdec.spec.control.draft_length import DraftLengthController
@@ -42,13 +44,39 @@ def test_drafting_waits_until_the_tokens_left_repay_the_read():
     assert c.choose(8, upfront_seconds=0.0, horizon=10_000, first_token=True) == k
 
 
-def test_no_probe_pays_a_read_that_drafting_would_not_repay():
+def test_a_probe_pays_a_read_only_within_a_tenth_of_the_plain_steps_since_the_last_draft():
     c = DraftLengthController(max_k=8)
     simulate(c, 0.0, lambda k: 1.0 + 0.05 * k, 0.2)  # useless drafts: plain steps and rare probes
-    probes = [c.choose(8) for _ in range(400)]
-    assert any(probes)
-    assert not any(c.choose(8, upfront_seconds=0.5, horizon=1000) for _ in range(400))
+    assert any(c.choose(8) for _ in range(400))
+    # a long prompt never read (an editor's completion): 1,000 plain steps' worth, never paid
+    assert not any(c.choose(8, upfront_seconds=1000.0, horizon=1000) for _ in range(400))
     assert not c.held_back  # plain because drafting does not pay, read or not
+    assert c.probe_read_fits(0.1 * c.plain_streak * c.step_cost(0))
+    assert not c.probe_read_fits(0.11 * c.plain_streak * c.step_cost(0))
+
+
+def test_unlucky_first_drafts_do_not_switch_drafting_off_for_the_rest_of_the_answer():
+    """The Qwen pair's costs (a draft token ~0.45 of a plain step, reading a token ~0.065): two
+    rejected first drafts put the estimate below break-even; every plain step then adds a token
+    the draft has not read, which a probe at that estimate never repaid, so drafting stayed off
+    though ~85% of drafts would be kept. Probes resume, and drafting with them."""
+    rnd = random.Random(0)
+    c = DraftLengthController(max_k=8)
+    c.observe(record(0, 0, 0, 1.0, 0.0, 0.0))
+    ks, unread, left = [], 0, 400
+    for step in range(300):
+        k = c.choose(8, upfront_seconds=0.065 * unread, horizon=left)
+        kept = 0
+        while kept < k and rnd.random() < (0.0 if step < 2 else 0.85):
+            kept += 1
+        c.observe(record(k, k, kept, 1.0 + 0.08 * k, 0.45 * k, 0.0))
+        unread = 0 if k else unread + 1  # a draft first reads what it lacks
+        left -= kept + 1
+        ks.append(k)
+        if left <= 0:
+            break
+    assert ks[:2] != [0, 0] and 0 in ks[2:10]  # it drafted, lost, and went plain
+    assert sum(k > 0 for k in ks[len(ks) // 2:]) > 0.8 * (len(ks) - len(ks) // 2)  # and drafts again
 
 
 def test_the_draft_times_its_reading_and_counts_what_it_lacks(model_dir):

@@ -238,6 +238,28 @@ def test_an_embedding_read_from_a_file_cut_short_names_the_problem(tiny_quantize
         table(torch.tensor([1, 3]))
 
 
+def test_an_embedding_keeps_its_recent_rows_with_the_bits_a_read_gives(tiny_quantized, monkeypatch):
+    from specdec.models import grouped
+
+    t = next(t for t in open_model(tiny_quantized).gguf_file.tensors if t.name == "token_embd.weight")
+    table = unpack(t.type_name, np.asarray(t.data).reshape(-1), tuple(int(n) for n in reversed(t.dims)))
+    monkeypatch.setattr(grouped, "RECENT_ROWS", 4)
+    embedding = FileEmbedding(t, torch.bfloat16)
+
+    def want(ids):
+        return table.dequantized(ids.reshape(-1)).to(torch.bfloat16).reshape(*ids.shape, -1)
+
+    first = torch.tensor([[5, 9, 5]])
+    assert torch.equal(embedding(first), want(first)) and list(embedding.recent) == [9, 5]  # 5 used last
+    out = embedding(torch.tensor([9]))
+    out.fill_(0)  # a caller's change to its result leaves the kept rows alone
+    assert torch.equal(embedding(torch.tensor([9])), want(torch.tensor([9])))
+    wide = torch.tensor([1, 2, 3, 4, 6, 7, 5])  # more distinct tokens than it keeps
+    assert torch.equal(embedding(wide), want(wide))
+    assert len(embedding.recent) == 4 and list(embedding.recent) == [4, 6, 7, 5]  # the least recent went first
+    assert embedding(torch.tensor([], dtype=torch.long)).shape == (0, t.dims[0])
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_greedy_speculation_on_gguf_blocks_is_identical_to_plain(tiny_quantized, method):
     prompts = ["def add(a, b):\n    return", "import os\nimport sys\n\nclass Config:"]

@@ -4,7 +4,15 @@ import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.sampling import SAMPLING_BOUNDS, SamplingParams, final_probs, make_generator, sample
+from specdec.sampling import (
+    SAMPLING_BOUNDS,
+    SamplingParams,
+    final_probs,
+    greedy_token,
+    greedy_tokens,
+    make_generator,
+    sample,
+)
 
 
 def P(**kw):
@@ -180,3 +188,19 @@ def test_sample_draws_each_token_with_its_probability_and_never_a_zero():
     a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     big = torch.softmax(torch.randn(151_936, generator=g), 0)
     assert [sample(big, a) for _ in range(5)] == [sample(big, b) for _ in range(5)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_greedy_token_is_the_first_largest_logit_in_any_dtype(dtype):
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        logits = (torch.randn(151936, generator=g) * 4).to(dtype)
+        assert greedy_token(logits) == int(logits.argmax())
+    rows = (torch.randn(5, 151936, generator=g) * 4).to(dtype)
+    assert torch.equal(greedy_tokens(rows), rows.argmax(-1))
+    ties = torch.zeros(1000, dtype=dtype)
+    ties[[700, 300, 999]] = 2.0  # torch's argmax gives the first of equal maxima
+    assert greedy_token(ties) == 300
+    if dtype == torch.float64:  # not narrowed: a difference below float32's precision still decides
+        close = torch.tensor([1.0, 1.0 + 1e-12], dtype=dtype)
+        assert greedy_token(close) == 1

@@ -63,6 +63,21 @@ def final_probs(logits: torch.Tensor, params: SamplingParams, history: PenaltyRo
 SAMPLE_BLOCK = 256  # tokens per block of sample()'s first level
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's index of its first largest logit, as torch's argmax gives it. bfloat16 /
+    float16 rows are widened first (exactly): torch's argmax over a 152k-token bfloat16 row took
+    0.50 ms, over its float32 copy 0.10 (AMD EPYC Zen 5, 2 threads), once a decoded or drafted
+    token."""
+    if logits.dtype in (torch.bfloat16, torch.float16):
+        logits = logits.float()
+    return logits.argmax(-1)
+
+
+def greedy_token(logits: torch.Tensor) -> int:
+    """greedy_tokens of one row [V]."""
+    return int(greedy_tokens(logits))
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """Draw one token id from a 1-D distribution (any scale; zeros are never drawn) by inverting
     its CDF in float64 in two levels, block sums then the tokens of one block: torch.multinomial

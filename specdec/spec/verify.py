@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from specdec.sampling import sample
+from specdec.sampling import greedy_tokens, sample
 
 
 class RandomSource(Protocol):
@@ -42,7 +42,7 @@ class ChainVerdict:
 
 def verify_greedy(draft_tokens: list[int], target_probs: torch.Tensor) -> ChainVerdict:
     """Keep the longest prefix equal to the target's argmax, then the target's argmax."""
-    return verify_choices(draft_tokens, target_probs.argmax(-1).tolist())
+    return verify_choices(draft_tokens, greedy_tokens(target_probs).tolist())
 
 
 def verify_choices(draft_tokens: list[int], target_choice: list[int]) -> ChainVerdict:
@@ -121,7 +121,7 @@ def tree_attention_mask(parents: list[int]) -> torch.Tensor:
 
 def verify_tree_greedy(tokens: list[int], parents: list[int], target_probs: torch.Tensor) -> TreeVerdict:
     """Follow the child equal to the target's argmax."""
-    return verify_tree_choices(tokens, parents, target_probs.argmax(-1).tolist())
+    return verify_tree_choices(tokens, parents, greedy_tokens(target_probs).tolist())
 
 
 def verify_tree_choices(tokens: list[int], parents: list[int], choice: list[int]) -> TreeVerdict:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from specdec.spec.control.base import ProbeBudget, floats, keyed, screen_timing, step_seconds
 from specdec.stats import StepRecord
 
+PROBE_READ_SHARE = 0.1  # of the plain steps' time since the last draft, a probe's read may take
+
 
 @dataclass
 class DraftLengthController:
@@ -124,12 +126,23 @@ class DraftLengthController:
             return best
         self.plain_streak += 1
         if (self.plain_streak >= (self.probe_gap or self.probe_every) and self.budget.allows()
-                and repaid(min(self.probe_k, upper))):
+                and (repaid(min(self.probe_k, upper)) or self.probe_read_fits(upfront_seconds))):
             self.plain_streak = 0
             self.probe_gap = min(2 * (self.probe_gap or self.probe_every), self.max_probe_every)
             self.probing = True
             return min(self.probe_k, upper)
         return 0
+
+    def probe_read_fits(self, upfront_seconds: float) -> bool:
+        """Whether a probe may pay the drafter's read (what plain steps decoded since it last
+        drafted, or a prompt never read) though drafting at the estimated acceptance would not
+        repay it: where the read is within PROBE_READ_SHARE of the plain steps' time since the
+        last draft. Else a few unlucky first drafts could switch drafting off for the rest of
+        the answer: every plain step adds to the unread tokens, so no probe ever repaid them
+        (Qwen pair, AMD EPYC Zen 5: acceptance estimated 0.38 after 3 drafts, ~0.8 once drafting
+        resumed; bench/results/README.md, "stop 64"). A never-read long prompt with a short
+        answer still waits: its read is many plain steps' worth."""
+        return upfront_seconds <= PROBE_READ_SHARE * self.plain_streak * self.step_cost(0)
 
     def memory(self) -> dict:
         """What a later process should start from (control/memory.py): acceptance evidence

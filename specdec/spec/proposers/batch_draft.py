@@ -13,7 +13,7 @@ import torch
 from specdec.models.batch import BatchRunner
 from specdec.models.cache import PassPlan
 from specdec.models.llama import LlamaModel
-from specdec.sampling import SamplingParams, final_probs, sample
+from specdec.sampling import SamplingParams, final_probs, greedy_token, sample
 from specdec.sampling.penalties import TokenHistory, adjust_logits
 from specdec.sampling.seeded import PositionNoise, race
 from specdec.spec.proposers.base import Proposal
@@ -38,7 +38,7 @@ def draw(logits: torch.Tensor, request: DraftRequest, tokens: list[int], positio
     params, history = request.params, request.history
     penalty_row = history.rows([tokens]) if history is not None else None
     if params.greedy:
-        return int((logits if penalty_row is None else adjust_logits(logits, params, penalty_row)).argmax()), None
+        return greedy_token(logits if penalty_row is None else adjust_logits(logits, params, penalty_row)), None
     probs = final_probs(logits[None], params, penalty_row)[0]
     if request.noise is not None:
         return int(race(probs, request.noise.exponentials(position))), probs

@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 
 from specdec.errors import SpecdecError
 from specdec.models.runner import Runner
-from specdec.sampling import SamplingParams, final_probs, sample
+from specdec.sampling import SamplingParams, final_probs, greedy_token, sample
 from specdec.sampling.penalties import TokenHistory
 from specdec.sampling.seeded import PositionNoise, race
 from specdec.spec.proposers.base import Proposal
@@ -234,7 +234,7 @@ class CrossVocabProposer:
             logits = self._feed(feed, feed_ends)
             shared = logits[vmap.draft_ids]  # the draft's logits of the shared tokens
             if params.greedy:
-                j = int(shared.argmax())
+                j = greedy_token(shared)
             else:
                 q, row = shared_distribution(shared, vmap, params)
                 if noise is not None:  # the race the target's seeded choice at this position runs
@@ -253,7 +253,7 @@ class CrossVocabProposer:
         last one, which more draft text could still extend (" ret" before "urn")."""
         text, end, ids = b"", feed_ends[-1], []
         for _ in range(2 * k + 2):
-            draft_id = int(self._feed(feed, feed_ends).argmax())
+            draft_id = greedy_token(self._feed(feed, feed_ends))
             piece = self.draft_pieces[draft_id] if draft_id < len(self.draft_pieces) else None
             if not piece or draft_id in self.draft_specials:
                 break

@@ -7,7 +7,7 @@ import torch
 
 from specdec.models.cache import shared_prefix
 from specdec.models.runner import Runner
-from specdec.sampling import SamplingParams, final_probs, sample
+from specdec.sampling import SamplingParams, final_probs, greedy_token, sample
 from specdec.sampling.penalties import TokenHistory, adjust_logits
 from specdec.sampling.seeded import PositionNoise, race
 from specdec.spec.proposers.base import Proposal
@@ -90,7 +90,7 @@ class DraftModelProposer:
             # penalised like the target's row after the same drafts
             penalty_row = history.rows([tokens]) if history is not None else None
             if params.greedy:  # greedy verification needs no draft probabilities
-                token = int((logits if penalty_row is None else adjust_logits(logits, params, penalty_row)).argmax())
+                token = greedy_token(logits if penalty_row is None else adjust_logits(logits, params, penalty_row))
             else:
                 probs = final_probs(logits[None], params, penalty_row)[0]
                 if noise is not None:  # the race the target's seeded choice at this position runs
