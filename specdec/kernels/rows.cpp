@@ -873,6 +873,17 @@ inline std::vector<int32_t> group_sums(const QuantizedRows& xr, int64_t n, int64
     return sums;
 }
 
+// group_sums of groups 2i and 2i + 1 as one int16 pair (low: 2i), the first n pairs: each |sum| <= 32 x 127
+inline std::vector<int32_t> group_sum_pairs(const QuantizedRows& xr, int64_t n, int64_t G) {
+    std::vector<int32_t> pairs(n);
+    for (int64_t i = 0; i < n; ++i) {
+        int32_t low = 0, high = 0;
+        for (int64_t k = 0; k < G; ++k) low += xr.q[2 * i * G + k], high += xr.q[(2 * i + 1) * G + k];
+        pairs[i] = int32_t((uint32_t(low) & 0xFFFFu) | (uint32_t(high) << 16));
+    }
+    return pairs;
+}
+
 // Group g's weights for block wb's 16 outputs as G / 4 runs of 4 inputs (vnni_rows's order)
 template <int G, bool NIB>
 VNNI_TARGET inline void group_runs(const uint8_t* wc, __m512i* col) {
@@ -1309,7 +1320,6 @@ template <int G, bool NIB, int S, class Y>
 VNNI_TARGET void vnni_super_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs, const float* bias,
                                     Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
     const int64_t KG = K / G, ldw = NIB ? K / 2 : K, blocks = N / 16;
-    const std::vector<int32_t> xsum = group_sums(xr, M * KG, G);
     // rows on AMX tiles, the rest as below: from 16 rows for 4-bit values, from 48 for Q6_K, whose
     // B tiles (4 parts) cost more to build, paid again for each panel (Qwen2.5-Coder-1.5B's layers
     // 0-3, Intel Xeon with AMX, 2 threads, AMX vs VNNI: 16 rows 4.1 vs 3.0 ms, 64 rows 8.4 vs 10.5;
@@ -1319,9 +1329,7 @@ VNNI_TARGET void vnni_super_glinear(const QuantizedRows& xr, const uint8_t* w, c
         amx_super_glinear<G, NIB, S>(xr, w, gs, bias, y, ldy, wide, blocks, K);
         if (wide == M) return;
     }
-    std::vector<int32_t> xpair(M * KG / 2);  // groups 2i and 2i + 1's sums as an int16 pair (each |sum| <= 32 x 127)
-    for (int64_t i = 0; i < M * KG / 2; ++i)
-        xpair[i] = int32_t((uint32_t(xsum[2 * i]) & 0xFFFFu) | (uint32_t(xsum[2 * i + 1]) << 16));
+    const std::vector<int32_t> xpair = group_sum_pairs(xr, M * KG / 2, G);
     #pragma omp parallel for schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
         const uint8_t* wb = w + blk * 16 * ldw;
