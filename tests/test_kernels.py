@@ -43,7 +43,7 @@ def _usable(variant: variants.Variant) -> list[str]:
     return usable
 
 
-BF16, GROUPED, GROUPED_WIDE = variants.VARIANTS
+BF16, GROUPED, GROUPED_WIDE, ATTENTION = variants.VARIANTS
 
 
 @contextmanager
@@ -57,6 +57,16 @@ def kernel(variant: variants.Variant, name: str):
         yield
     finally:
         variant.set(lib, in_use)
+
+
+@contextmanager
+def threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @needs_kernels
@@ -246,14 +256,17 @@ def test_bfloat16_in_and_out_with_a_bias_is_one_rounding_of_the_float32_result()
 
 
 @needs_kernels
+@pytest.mark.parametrize("name", ATTENTION.kernels)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_attention_by_counts_or_positions_gives_the_same_bits(dtype):
+@pytest.mark.parametrize("hd", [40, 64])  # 40: a vector and a tail (8 lanes); 64: 16 lanes' four vectors
+def test_attention_by_counts_or_positions_gives_the_same_bits(name, dtype, hd):
     g = torch.Generator().manual_seed(1)
-    q = torch.randn(2, 6, 3, 40, generator=g).to(dtype)  # head size 40: a vector and a tail
-    k, v = (torch.randn(2, 2, 90, 40, generator=g).to(dtype) for _ in range(2))
+    q = torch.randn(2, 6, 3, hd, generator=g).to(dtype)
+    k, v = (torch.randn(2, 2, 90, hd, generator=g).to(dtype) for _ in range(2))
     counts = [5, 60, 0, 90, 33, 1]
-    by_count = invariant.attend(q, k, v, counts)
-    by_position = invariant.attend(q, k, v, [], invariant.key_lists([torch.arange(c) for c in counts]))
+    with kernel(ATTENTION, name):
+        by_count = invariant.attend(q, k, v, counts)
+        by_position = invariant.attend(q, k, v, [], invariant.key_lists([torch.arange(c) for c in counts]))
     assert torch.equal(by_count, by_position)
     assert by_count.dtype == dtype and not by_count[0, :, 2].any()  # row b * T + t = 2 has no keys: zeros
     reference = F.scaled_dot_product_attention(q[:, :, :1].double(), k[:, :, :5].double(), v[:, :, :5].double(),
@@ -262,31 +275,43 @@ def test_attention_by_counts_or_positions_gives_the_same_bits(dtype):
 
 
 @needs_kernels
+@pytest.mark.parametrize("name", ATTENTION.kernels)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("hd", [44, 64, 72])  # a tail; 8 vectors; 8 vectors and one more
-def test_each_attention_row_has_the_bits_it_has_alone(dtype, hd):
+@pytest.mark.parametrize("hd", [44, 64, 72, 128])  # a tail; 8 vectors (4 of 16 lanes); 8 and one more; 8 of 16
+def test_each_attention_row_has_the_bits_it_has_alone(name, dtype, hd):
     """Rows of one sequence share the conversion of the keys each reads from position 0 (a verify
     pass's chain or tree over a long prefix, a prefill's causal rows); each row's output must still
-    be what a call of that row alone gives."""
+    be what a call of that row alone gives. Two threads: a lone row's query heads then split into work
+    items of one query, which read every key on their own."""
     g = torch.Generator().manual_seed(3)
     B, nh, nkv, L = 2, 6, 2, 120
     k, v = (torch.randn(B, nkv, L, hd, generator=g).to(dtype) for _ in range(2))
     counts = [71, 72, 73, 74, 101, 0, 99, 100]  # per sequence: shared prefixes of 71 and 0 keys
     q = torch.randn(B, nh, 4, hd, generator=g).to(dtype)
-    together = invariant.attend(q, k, v, counts)
-    for b in range(B):
-        for t in range(4):
-            alone = invariant.attend(q[b:b + 1, :, t:t + 1], k[b:b + 1], v[b:b + 1], [counts[b * 4 + t]])
-            assert torch.equal(together[b, :, t], alone[0, :, 0]), (b, t)
-    # a tree: a prefix of 70 keys, then each row's ancestors (cache order)
-    lists = [list(range(70)) + extra for extra in ([70], [70, 71], [70, 72], [70, 71, 73])] * 2
-    lists[4] = list(range(65)) + [66, 70]  # the second sequence's rows share 65 leading keys
-    together = invariant.attend(q, k, v, [], invariant.key_lists([torch.tensor(x) for x in lists]))
-    for b in range(B):
-        for t in range(4):
-            one = invariant.key_lists([torch.tensor(lists[b * 4 + t])])
-            alone = invariant.attend(q[b:b + 1, :, t:t + 1], k[b:b + 1], v[b:b + 1], [], one)
-            assert torch.equal(together[b, :, t], alone[0, :, 0]), (b, t)
+    with kernel(ATTENTION, name), threads(2):
+        together = invariant.attend(q, k, v, counts)
+        for b in range(B):
+            for t in range(4):
+                alone = invariant.attend(q[b:b + 1, :, t:t + 1], k[b:b + 1], v[b:b + 1], [counts[b * 4 + t]])
+                assert torch.equal(together[b, :, t], alone[0, :, 0]), (b, t)
+        for b in range(B):  # and near attention in float64
+            for t in range(4):
+                c = counts[b * 4 + t]
+                if c:
+                    row_keys, row_values = k[b:b + 1, :, :c].double(), v[b:b + 1, :, :c].double()
+                    reference = F.scaled_dot_product_attention(q[b:b + 1, :, t:t + 1].double(), row_keys, row_values,
+                                                               enable_gqa=True)
+                    atol = 1e-5 if dtype == torch.float32 else 1e-2
+                    assert torch.allclose(together[b, :, t].double(), reference[0, :, 0], atol=atol), (b, t)
+        # a tree: a prefix of 70 keys, then each row's ancestors (cache order)
+        lists = [list(range(70)) + extra for extra in ([70], [70, 71], [70, 72], [70, 71, 73])] * 2
+        lists[4] = list(range(65)) + [66, 70]  # the second sequence's rows share 65 leading keys
+        together = invariant.attend(q, k, v, [], invariant.key_lists([torch.tensor(x) for x in lists]))
+        for b in range(B):
+            for t in range(4):
+                one = invariant.key_lists([torch.tensor(lists[b * 4 + t])])
+                alone = invariant.attend(q[b:b + 1, :, t:t + 1], k[b:b + 1], v[b:b + 1], [], one)
+                assert torch.equal(together[b, :, t], alone[0, :, 0]), (b, t)
 
 
 def test_turned_off_or_refused_with_a_reason(tmp_path):

@@ -17,6 +17,9 @@
 // the same fixed lane order; nothing depends on the other rows of the call. The rows of one
 // sequence and the query heads of one kv head only share the (exact) float32 conversion of the
 // keys and values each reads from position 0 on (a causal prefill's rows: each its own prefix).
+// Two instruction sequences (attention_kernel, chosen once a machine by timing): 8 lanes as above,
+// or 16 (AVX-512) with sixteen keys' lane sums added in one fixed tree (dots16) and each row's
+// weighted values in two chains by key parity (weigh_lanes16).
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/syscall.h>
@@ -1432,6 +1435,9 @@ int glinear_any(const void* x, bool x_bf16, const uint8_t* w, bool columns, int 
     }
 }
 
+constexpr float EXP_POLY[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};  // Horner, highest first
+
 // exp on 8 lanes: Cephes' range reduction and degree-6 polynomial (~1 ulp on [-87, 0]);
 // -inf and anything below -87 give 0.
 inline __m256 exp8(__m256 x) {
@@ -1443,12 +1449,8 @@ inline __m256 exp8(__m256 x) {
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 p = _mm256_set1_ps(EXP_POLY[0]);
+    for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_POLY[i]));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
@@ -1549,6 +1551,195 @@ inline void weigh_values(const float* p, const typename W::T* vg, const int64_t*
     }
 }
 
+// Which instruction sequence attention's scores and weighted values run: 0 the 8-lane code above,
+// 1 the 16-lane code below (AVX-512, head sizes a multiple of 16; the caller checked the CPU). Set
+// once, before any attention, and kept: a score's bits depend on it (variants.py times both).
+int attention_kernel = 0;
+
+#ifdef SPECDEC_AMX
+#define AVX512_TARGET __attribute__((target("avx512f,avx512bw")))
+
+template <class W> struct Wide;
+template <> struct Wide<Bf16> {
+    AVX512_TARGET static inline __m512 load(const uint16_t* p) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+    }
+};
+template <> struct Wide<F32> {
+    AVX512_TARGET static inline __m512 load(const float* p) { return _mm512_loadu_ps(p); }
+};
+
+// Sixteen keys' scores at once (head size hd <= 128, a multiple of 16; key i at key(i)): key i's 16
+// lanes sum d = lane + 16t in increasing t (one FMA each), then the sixteen vectors are added lane
+// with lane in one fixed tree (halves, quarters, pairs, neighbours: the same tree for every key,
+// whichever of the sixteen it is), which replaces a horizontal sum a key; out[i] = key i's score.
+template <class W, int T, class Key>
+AVX512_TARGET inline void dots16(const __m512* qv, Key key, float* out) {
+    __m512 acc[16];
+    for (int i = 0; i < 16; ++i) {  // a key at a time: one pointer live; the keys' chains overlap
+        const typename W::T* k = key(i);
+        __m512 a = _mm512_mul_ps(qv[0], Wide<W>::load(k));
+        for (int t = 1; t < T; ++t) a = _mm512_fmadd_ps(qv[t], Wide<W>::load(k + 16 * t), a);
+        acc[i] = a;
+    }
+    __m512 half[8], quarter[4], pair[2];
+    for (int i = 0; i < 8; ++i)  // lanes j and j + 8 of keys 2i (lanes 0-7) and 2i + 1 (8-15)
+        half[i] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                _mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; ++i)  // j and j + 4: keys 4i .. 4i + 3, one 128-bit lane each
+        quarter[i] = _mm512_add_ps(_mm512_shuffle_f32x4(half[2 * i], half[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(half[2 * i], half[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; ++i)  // j and j + 2: in 128-bit lane l, keys 8i + l (elements 0, 1), 8i + 4 + l (2, 3)
+        pair[i] = _mm512_add_ps(_mm512_shuffle_ps(quarter[2 * i], quarter[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                _mm512_shuffle_ps(quarter[2 * i], quarter[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    // the neighbours: in 128-bit lane l, keys l, 4 + l, 8 + l, 12 + l; then in key order
+    const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(pair[0], pair[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                      _mm512_shuffle_ps(pair[0], pair[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm512_storeu_ps(out, _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0),
+                                                sums));
+}
+
+// score_keys() by dots16 (T = hd / 16 vectors a key): a last group of fewer than 16 keys repeats its
+// last key in the rest
+template <class W, int T>
+AVX512_TARGET void score_keys16(const float* qh, const typename W::T* kg, const int64_t* at, int64_t j0, int64_t j1,
+                                int64_t pos_stride, float* scores) {
+    __m512 qv[T];
+    for (int t = 0; t < T; ++t) qv[t] = _mm512_loadu_ps(qh + 16 * t);
+    alignas(64) float out[16];
+    for (int64_t j = j0; j < j1; j += 16) {
+        const int64_t n = std::min<int64_t>(16, j1 - j);
+        float* dst = n == 16 ? scores + j : out;
+        if (at) dots16<W, T>(qv, [&](int i) { return kg + at[j + std::min<int64_t>(i, n - 1)] * pos_stride; }, dst);
+        else dots16<W, T>(qv, [&](int i) { return kg + (j + std::min<int64_t>(i, n - 1)) * pos_stride; }, dst);
+        if (n < 16)
+            for (int64_t i = 0; i < n; ++i) scores[j + i] = out[i];
+    }
+}
+
+template <class W, int C>
+AVX512_TARGET inline void weigh_step(__m512* a, const float* p, const typename W::T* vg, const int64_t* at, int64_t j,
+                                     int64_t pos_stride, int64_t d0) {
+    const typename W::T* vj = vg + (at ? at[j] : j) * pos_stride + d0;
+    const __m512 pj = _mm512_set1_ps(p[j]);
+    for (int c = 0; c < C; ++c) a[c] = _mm512_fmadd_ps(pj, Wide<W>::load(vj + 16 * c), a[c]);
+}
+
+// Weighted values on 16 lanes: acc[0, hd) sums p[j] v_j over the even keys j, acc[hd, 2 hd) over the
+// odd ones, each lane in increasing j (two chains: half the FMA latency; the caller adds the halves).
+// Every key lands in the half its position gives, whichever call it comes in: the same bits for a
+// row however its keys are split between calls. (Tried: two queries sharing each key's loads,
+// 1-3% faster: not kept.)
+template <class W, int C>
+AVX512_TARGET inline void weigh_lanes16(const float* p, const typename W::T* vg, const int64_t* at, int64_t j0,
+                                        int64_t j1, int64_t pos_stride, int64_t d0, int64_t hd, float* acc) {
+    __m512 a[2][C];
+    for (int h = 0; h < 2; ++h)
+        for (int c = 0; c < C; ++c) a[h][c] = _mm512_loadu_ps(acc + h * hd + d0 + 16 * c);
+    int64_t j = j0;
+    if (j < j1 && (j & 1)) weigh_step<W, C>(a[1], p, vg, at, j++, pos_stride, d0);
+    for (; j + 1 < j1; j += 2) {
+        weigh_step<W, C>(a[0], p, vg, at, j, pos_stride, d0);
+        weigh_step<W, C>(a[1], p, vg, at, j + 1, pos_stride, d0);
+    }
+    if (j < j1) weigh_step<W, C>(a[0], p, vg, at, j, pos_stride, d0);
+    for (int h = 0; h < 2; ++h)
+        for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + h * hd + d0 + 16 * c, a[h][c]);
+}
+
+// weigh_values() for head sizes a multiple of 16, into the two halves of acc [2 hd]
+template <class W>
+AVX512_TARGET void weigh_values16(const float* p, const typename W::T* vg, const int64_t* at, int64_t j0, int64_t j1,
+                                  int64_t hd, int64_t pos_stride, float* acc) {
+    int64_t d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64) weigh_lanes16<W, 4>(p, vg, at, j0, j1, pos_stride, d0, hd, acc);
+    for (; d0 < hd; d0 += 16) weigh_lanes16<W, 1>(p, vg, at, j0, j1, pos_stride, d0, hd, acc);
+}
+
+// exp8's steps on 16 lanes (the same value a lane)
+AVX512_TARGET inline __m512 exp16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.0f);
+    const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(EXP_POLY[0]);
+    for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_POLY[i]));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mov_ps(__mmask16(~under), _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
+}
+
+inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
+
+// softmax_in_place() on 16 lanes (the last vector masked): the exponentials a lane as exp8's; their
+// sum: lane l adds keys 16i + l in order, then the two halves, then hsum()'s tree
+AVX512_TARGET float softmax16(float* sc, int64_t n, float scale) {
+    const __m512 sv = _mm512_set1_ps(scale);
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 m = first_lanes(n - j);
+        const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, sc + j), sv);
+        _mm512_mask_storeu_ps(sc + j, m, x);
+        mv = _mm512_mask_max_ps(mv, m, mv, x);
+    }
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mv));  // a maximum: the same in any order
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 m = first_lanes(n - j);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + j), top));
+        _mm512_mask_storeu_ps(sc + j, m, e);
+        sum = _mm512_mask_add_ps(sum, m, sum, e);
+    }
+    return 1.0f / hsum(_mm256_add_ps(_mm512_castps512_ps256(sum), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sum), 1))));
+}
+
+// convert_keys() 16 lanes at a time (the same values)
+template <class W>
+AVX512_TARGET void convert_keys16(const typename W::T* kg, int64_t c0, int64_t c1, int64_t hd, int64_t pos_stride,
+                                  float* buf) {
+    for (int64_t j = c0; j < c1; ++j)
+        for (int64_t d = 0; d < hd; d += 16) _mm512_storeu_ps(buf + (j - c0) * hd + d, Wide<W>::load(kg + j * pos_stride + d));
+}
+#endif
+
+// scores and weighted values by the kernel in use (wide: attention_kernel 1, hd <= 128 a multiple of 16)
+template <class W>
+inline void score_any(bool wide, const float* qh, const typename W::T* kg, const int64_t* at, int64_t j0, int64_t j1,
+                      int64_t hd, int64_t pos_stride, float* scores) {
+#ifdef SPECDEC_AMX
+    if (wide) {
+        switch (hd / 16) {
+#define SPECDEC_SCORE16(T) \
+    case T: return score_keys16<W, T>(qh, kg, at, j0, j1, pos_stride, scores);
+            SPECDEC_SCORE16(1) SPECDEC_SCORE16(2) SPECDEC_SCORE16(3) SPECDEC_SCORE16(4)
+            SPECDEC_SCORE16(5) SPECDEC_SCORE16(6) SPECDEC_SCORE16(7) SPECDEC_SCORE16(8)
+#undef SPECDEC_SCORE16
+            default: break;
+        }
+    }
+#endif
+    score_keys<W>(qh, kg, at, j0, j1, hd, pos_stride, scores);
+}
+template <class W>
+inline void convert_any(bool wide, const typename W::T* kg, int64_t c0, int64_t c1, int64_t hd, int64_t pos_stride,
+                        float* buf) {
+#ifdef SPECDEC_AMX
+    if (wide) return convert_keys16<W>(kg, c0, c1, hd, pos_stride, buf);
+#endif
+    convert_keys<W>(kg, c0, c1, hd, pos_stride, buf);
+}
+template <class W>
+inline void weigh_any(bool wide, const float* p, const typename W::T* vg, const int64_t* at, int64_t j0, int64_t j1,
+                      int64_t hd, int64_t pos_stride, float* acc) {
+#ifdef SPECDEC_AMX
+    if (wide) return weigh_values16<W>(p, vg, at, j0, j1, hd, pos_stride, acc);
+#endif
+    weigh_values<W>(p, vg, at, j0, j1, hd, pos_stride, acc);
+}
+
 // exp(s - max) over a row's n scores (padded with -inf to n8) in place; returns 1 / their sum
 inline float softmax_in_place(float* sc, int64_t n, float scale) {
     const int64_t n8 = (n + 7) & ~int64_t(7);
@@ -1579,6 +1770,13 @@ inline float softmax_in_place(float* sc, int64_t n, float scale) {
     return 1.0f / hsum(sum);
 }
 
+inline float softmax_any(bool wide, float* sc, int64_t n, float scale) {
+#ifdef SPECDEC_AMX
+    if (wide) return softmax16(sc, n, scale);
+#endif
+    return softmax_in_place(sc, n, scale);
+}
+
 // q [rows, nh, hd] float32; row r reads the sequence at k + base[r] (v + base[r]) with
 // position p's head g at p * pos_stride + g * head_stride; its keys are positions
 // index[start[r] .. start[r] + count[r]) when index is given, else 0 .. count[r]. out [rows, nh, hd].
@@ -1594,11 +1792,13 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
             const int64_t* count, const int64_t* start, const int64_t* index, Y* out,
             int64_t rows, int64_t nh, int64_t nkv, int64_t hd, int64_t pos_stride, int64_t head_stride,
             float scale) {
-    constexpr int64_t CH = 16;
+    constexpr int64_t CH = 64;
     const int64_t group = nh / nkv;
     std::vector<int64_t> run_start, prefix;
     row_runs(base, count, start, index, rows, run_start, prefix);
     const int64_t runs = int64_t(run_start.size()) - 1;
+    const bool wide = attention_kernel == 1 && hd % 16 == 0 && hd <= 128;
+    const int64_t AH = wide ? 2 * hd : hd;  // a query's accumulators (weigh_values16: two halves)
     // work items: a run's query heads of one kv head, split in `parts` so that a lone sequence's
     // few kv heads still keep every thread busy (each part converts the shared keys for itself)
     const int64_t threads = omp_get_max_threads();
@@ -1620,7 +1820,7 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
             for (int64_t r = r0; r < r0 + R; ++r) stride = std::max(stride, (count[r] + 7) & ~int64_t(7));
 
             scores.resize(Q * stride);
-            acc.assign(Q * hd, 0.f);
+            acc.assign(Q * AH, 0.f);
             inv.resize(Q);
             auto row = [&](int64_t i) { return r0 + (first + i) / group; };
             auto head = [&](int64_t i) { return g * group + (first + i) % group; };
@@ -1633,26 +1833,26 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
                 for (int64_t i = 0; i < Q; ++i) P = std::max(P, shared[i] = prefix[row(i)]);
             for (int64_t c0 = 0; c0 < P; c0 += CH) {  // the shared keys
                 const int64_t c1 = std::min(P, c0 + CH);
-                convert_keys<W>(kg, c0, c1, hd, pos_stride, buf.data());
+                convert_any<W>(wide, kg, c0, c1, hd, pos_stride, buf.data());
                 for (int64_t i = 0; i < Q; ++i)
                     if (shared[i] > c0)
-                        score_keys<F32>(query(i), buf.data(), nullptr, 0, std::min(c1, shared[i]) - c0, hd, hd,
+                        score_any<F32>(wide, query(i), buf.data(), nullptr, 0, std::min(c1, shared[i]) - c0, hd, hd,
                                         &scores[i * stride + c0]);
             }
             for (int64_t i = 0; i < Q; ++i) {  // each row's other keys, and the softmax
                 const int64_t r = row(i), n = count[r];
                 if (n == 0) continue;
-                score_keys<W>(query(i), kg, index ? index + start[r] : nullptr, shared[i], n, hd, pos_stride,
+                score_any<W>(wide, query(i), kg, index ? index + start[r] : nullptr, shared[i], n, hd, pos_stride,
                               &scores[i * stride]);
-                inv[i] = softmax_in_place(&scores[i * stride], n, scale);
+                inv[i] = softmax_any(wide, &scores[i * stride], n, scale);
             }
             for (int64_t c0 = 0; c0 < P; c0 += CH) {  // the shared values
                 const int64_t c1 = std::min(P, c0 + CH);
-                convert_keys<W>(vg, c0, c1, hd, pos_stride, buf.data());
+                convert_any<W>(wide, vg, c0, c1, hd, pos_stride, buf.data());
                 for (int64_t i = 0; i < Q; ++i)
                     if (shared[i] > c0)
-                        weigh_values<F32>(&scores[i * stride + c0], buf.data(), nullptr, 0, std::min(c1, shared[i]) - c0,
-                                          hd, hd, &acc[i * hd]);
+                        weigh_any<F32>(wide, &scores[i * stride + c0], buf.data(), nullptr, 0, std::min(c1, shared[i]) - c0,
+                                       hd, hd, &acc[i * AH]);
             }
             for (int64_t i = 0; i < Q; ++i) {
                 const int64_t r = row(i), n = count[r];
@@ -1661,9 +1861,10 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
                     for (int64_t d = 0; d < hd; ++d) store(o + d, 0.f);
                     continue;
                 }
-                weigh_values<W>(&scores[i * stride], vg, index ? index + start[r] : nullptr, shared[i], n, hd,
-                                pos_stride, &acc[i * hd]);
-                for (int64_t d = 0; d < hd; ++d) store(o + d, acc[i * hd + d] * inv[i]);
+                weigh_any<W>(wide, &scores[i * stride], vg, index ? index + start[r] : nullptr, shared[i], n, hd,
+                                pos_stride, &acc[i * AH]);
+                const float* a = &acc[i * AH];
+                for (int64_t d = 0; d < hd; ++d) store(o + d, (wide ? a[d] + a[hd + d] : a[d]) * inv[i]);
             }
         }
     }
@@ -1858,7 +2059,7 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
 
 extern "C" {
 
-int specdec_kernels_version() { return 15; }
+int specdec_kernels_version() { return 16; }
 
 // Which kernel bfloat16 weights with bfloat16 inputs go through: 0 tile() (AVX2 + FMA), 1 AMX
 // (asks Linux for the tile state first), 2 AVX-512 BF16 dot products (dp_linear; the caller checked
@@ -1884,6 +2085,15 @@ int set_grouped_wide_kernel(int kernel) {
     grouped_wide_kernel = kernel == 1 ? 1 : 0;
 #endif
     return grouped_wide_kernel;
+}
+
+// Which attention kernel runs (see attention_kernel; 1 where this build has the AVX-512 code and the
+// caller checked the CPU). Returns the kernel now in use.
+int set_attention_kernel(int kernel) {
+#ifdef SPECDEC_AMX
+    attention_kernel = kernel == 1 ? 1 : 0;
+#endif
+    return attention_kernel;
 }
 
 int set_grouped_kernel(int kernel) {

@@ -22,8 +22,13 @@ weight's layout), and remembered beside the built library for every later proces
 machine (processes starting together wait for the first to measure).
 "grouped_wide": where VNNI runs the columns layout, its full 16-row chunks (prefill, wide verify
 passes) on AMX-INT8 tiles or not: the same integer dots and float steps, so the same bits.
-SPECDEC_BF16_KERNEL=avx2|amx|avx512, SPECDEC_GROUPED_KERNEL=avx2|vnni and SPECDEC_GROUPED_WIDE_KERNEL=vnni|amx
-set them by hand."""
+"attention": scores and weighted values on 8 lanes (AVX2) or 16 (AVX-512, head sizes up to 128 in
+multiples of 16: one FMA a key and 16 dims, sixteen keys' sums added in one tree instead of a
+horizontal sum a key; a score's bits differ between the two). Measured on an AMD EPYC Zen 5, 2
+threads, whole SmolLM2 passes over 1,000 / 2,000 cached tokens (bench/results/attention_ab_stop65_zen5.txt):
+8-token pass 14.4 -> 12.4 ms and 20.6 -> 17.0 ms.
+SPECDEC_BF16_KERNEL=avx2|amx|avx512, SPECDEC_GROUPED_KERNEL=avx2|vnni, SPECDEC_GROUPED_WIDE_KERNEL=vnni|amx
+and SPECDEC_ATTENTION_KERNEL=avx2|avx512 set them by hand."""
 from __future__ import annotations
 
 import ctypes
@@ -84,6 +89,24 @@ def _grouped_pass(lib: ctypes.CDLL, kernel: str) -> Callable[[int], float]:
     return seconds
 
 
+def _attention_pass(lib: ctypes.CDLL, kernel: str) -> Callable[[int], float]:
+    """Seconds of M rows of one sequence (a verify pass) attending over 1,024 cached keys with
+    Qwen2.5-Coder-1.5B's heads (12 query heads on 2 kv heads of 128), 28 layers' worth."""
+    import torch
+
+    nh, nkv, hd, L = 12, 2, 128, 1024
+    k, v = (torch.full((nkv, L, hd), 0.01, dtype=torch.bfloat16) for _ in range(2))
+
+    def seconds(M: int) -> float:
+        q, out = torch.full((M, nh, hd), 0.02), torch.empty(M, nh, hd, dtype=torch.bfloat16)
+        base = torch.zeros(M, dtype=torch.int64)
+        count = torch.arange(L - M + 1, L + 1, dtype=torch.int64)
+        return _seconds(lambda: [lib.attend_bf16(q.data_ptr(), k.data_ptr(), v.data_ptr(), base.data_ptr(),
+                                                 count.data_ptr(), None, None, out.data_ptr(), 1, M, nh, nkv, hd, hd,
+                                                 L * hd, hd ** -0.5) for _ in range(28)])
+    return seconds
+
+
 @dataclass(frozen=True)
 class Variant:
     name: str
@@ -122,6 +145,8 @@ VARIANTS = (
     Variant("grouped_wide", ("vnni", "amx"), "set_grouped_wide_kernel", lambda lib, kernel: _grouped_pass(lib, "vnni"),
             (frozenset({"avx512f", "avx512bw", "avx512_vnni", "amx_tile", "amx_int8"}),), widths=(16, 64),
             needs=("grouped", "vnni")),
+    Variant("attention", ("avx2", "avx512"), "set_attention_kernel", _attention_pass,
+            (frozenset({"avx512f", "avx512bw"}),)),
 )
 
 
