@@ -836,7 +836,8 @@ void glinear(const void* x, bool x_bf16, const uint8_t* w, const GroupScales& gs
 // (offsets alike); then + bias and one rounding. A row's bits depend on nothing else in the call
 // (batch-invariant), but differ from qtile()/ktile()'s order: which layout a model's weights take
 // is chosen once per machine (variants.py "grouped"), so a weight always runs one way.
-// Signed weights (Q8_0) are shifted by 128 to unsigned as they load and the shift's share taken back.
+// Signed weights (Q8_0) stay signed: x is shifted by 128 to unsigned and the shift's share, -128 sum(w) a
+// group and output, starts each dot's chain (group_dot_signed).
 // (Tried: AMX-INT8 tiles per group over row-major weights: flat in rows but 3x slower than AVX2 at
 // one row, the per-group tile steps' latency and stores; see variants.py.)
 int grouped_columns_kernel = 0;  // 1 where this build has the AVX-512 VNNI code and load() chose it
@@ -865,18 +866,8 @@ VNNI_TARGET inline __m512 group_step(__m512 acc, __m512i dot, __m512 f, __m512 o
     return acc;
 }
 
-// Each of the first n groups of G values of x's quantized rows summed: [M, K / G] for n = M * K / G
-inline std::vector<int32_t> group_sums(const QuantizedRows& xr, int64_t n, int64_t G) {
-    std::vector<int32_t> sums(n);
-    for (int64_t i = 0; i < n; ++i) {
-        int32_t v = 0;
-        for (int64_t k = 0; k < G; ++k) v += xr.q[i * G + k];
-        sums[i] = v;
-    }
-    return sums;
-}
-
-// group_sums of groups 2i and 2i + 1 as one int16 pair (low: 2i), the first n pairs: each |sum| <= 32 x 127
+// The sums of x's quantized values in groups 2i and 2i + 1 as one int16 pair (low: 2i), the first n
+// pairs: each |sum| <= 32 x 127
 inline std::vector<int32_t> group_sum_pairs(const QuantizedRows& xr, int64_t n, int64_t G) {
     std::vector<int32_t> pairs(n);
     for (int64_t i = 0; i < n; ++i) {
@@ -915,6 +906,27 @@ VNNI_TARGET inline __m512i group_dot(const __m512i* col, const int8_t* xg) {
     return _mm512_add_epi32(even, odd);
 }
 
+// The same dots for signed weights (Q8_0): x shifted to unsigned (x + 128) as VPDPBUSD's unsigned
+// operand and the weights as they are, the chain started at the shift's share, -128 sum(w) (start):
+// the same integers, with no per-row correction
+template <int P>
+VNNI_TARGET inline __m512i group_dot_signed(const __m512i* col, const uint8_t* xg, __m512i start) {
+    __m512i even = start, odd = _mm512_setzero_si512();
+    for (int p = 0; p < P; p += 2) {
+        even = _mm512_dpbusd_epi32(even, _mm512_broadcastd_epi32(_mm_loadu_si32(xg + 4 * p)), col[p]);
+        odd = _mm512_dpbusd_epi32(odd, _mm512_broadcastd_epi32(_mm_loadu_si32(xg + 4 * p + 4)), col[p + 1]);
+    }
+    return _mm512_add_epi32(even, odd);
+}
+
+// -128 x each output's sum of a group's signed weights (group_runs' P runs)
+template <int P>
+VNNI_TARGET inline __m512i shift_share(const __m512i* col) {
+    __m512i sum = _mm512_setzero_si512();
+    for (int p = 0; p < P; ++p) sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi8(1), col[p]);
+    return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7));
+}
+
 // A row's 16 sums plus bias, rounded once into y
 template <class Y>
 VNNI_TARGET inline void store_sums(Y* y, __m512 acc, const float* bias) {
@@ -926,7 +938,7 @@ VNNI_TARGET inline void store_sums(Y* y, __m512 acc, const float* bias) {
 // R rows from m0 of block blk's 16 outputs: R a constant, so the sums stay in registers (a
 // runtime count kept them on the stack, a store and a load a group and row)
 template <int G, bool NIB, bool SIGNED, bool OFF, int S, int R, class Y>
-VNNI_TARGET inline void vnni_rows(const QuantizedRows& xr, const int32_t* xsum_q, const uint8_t* wb,
+VNNI_TARGET inline void vnni_rows(const QuantizedRows& xr, const uint8_t* xu, const uint8_t* wb,
                                   const GroupScales& gs, const float* bias, Y* y, int64_t ldy, int64_t m0,
                                   int64_t blk, int64_t K) {
     constexpr int64_t GB = NIB ? G / 2 : G;  // weight bytes of a group and output
@@ -942,14 +954,13 @@ VNNI_TARGET inline void vnni_rows(const QuantizedRows& xr, const int32_t* xsum_q
             _mm_prefetch(reinterpret_cast<const char*>(wc + GROUPED_PREFETCH + 64 * k), _MM_HINT_T0);
         __m512i col[P];
         group_runs<G, NIB>(wc, col);
-        if constexpr (SIGNED)
-            for (int p = 0; p < P; ++p) col[p] = _mm512_xor_si512(col[p], _mm512_set1_epi8(char(0x80)));
+        const __m512i start = SIGNED ? shift_share<P>(col) : _mm512_setzero_si512();
         const __m512 f = group_factors<G, S>(gs.scale, gs.scale_super, blk, g, KG, KS);
         const __m512 o = OFF ? group_factors<G, S>(gs.offset, gs.offset_super, blk, g, KG, KS) : _mm512_setzero_ps();
         for (int j = 0; j < R; ++j) {
             const int64_t m = m0 + j;
-            __m512i dot = group_dot<P>(col, xr.q.data() + m * K + g * G);
-            if constexpr (SIGNED) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * xsum_q[m * KG + g]));
+            const __m512i dot = SIGNED ? group_dot_signed<P>(col, xu + m * K + g * G, start)
+                                       : group_dot<P>(col, xr.q.data() + m * K + g * G);
             acc[j] = group_step<OFF>(acc[j], dot, f, o, xr.d[m * KB + g * G / 32], OFF ? xr.sums[m * KG + g] : 0.0f);
         }
     }
@@ -1357,8 +1368,9 @@ VNNI_TARGET void vnni_glinear(const QuantizedRows& xr, const uint8_t* w, const G
                               Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
     static_assert(!NIB || G == 32, "4-bit weights come in groups of 32");
     const int64_t KG = K / G, ldw = NIB ? K / 2 : K, blocks = N / 16;
-    const std::vector<int32_t> xsum_q = SIGNED ? group_sums(xr, M * KG, G) : std::vector<int32_t>();
-    const int32_t* sums = xsum_q.data();
+    std::vector<uint8_t> shifted(SIGNED ? M * K : 0);  // x + 128 (group_dot_signed)
+    for (size_t i = 0; i < shifted.size(); ++i) shifted[i] = uint8_t(xr.q[i]) ^ 0x80;
+    const uint8_t* xu = shifted.data();
     const int64_t wide = grouped_wide_kernel ? M / 16 * 16 : 0;  // rows on AMX tiles, the rest as below
     if (wide) {
         amx_glinear<G, NIB, SIGNED, OFF, S>(xr, w, gs, bias, y, ldy, wide, blocks, K);
@@ -1370,7 +1382,7 @@ VNNI_TARGET void vnni_glinear(const QuantizedRows& xr, const uint8_t* w, const G
         for (int64_t m0 = wide; m0 < M; m0 += 8) {  // 8 rows' sums and a group's weights within 32 registers
             switch (std::min<int64_t>(8, M - m0)) {
 #define SPECDEC_VNNI_ROWS(R) \
-    case R: vnni_rows<G, NIB, SIGNED, OFF, S, R>(xr, sums, wb, gs, bias, y, ldy, m0, blk, K); break;
+    case R: vnni_rows<G, NIB, SIGNED, OFF, S, R>(xr, xu, wb, gs, bias, y, ldy, m0, blk, K); break;
                 SPECDEC_VNNI_ROWS(1) SPECDEC_VNNI_ROWS(2) SPECDEC_VNNI_ROWS(3) SPECDEC_VNNI_ROWS(4)
                 SPECDEC_VNNI_ROWS(5) SPECDEC_VNNI_ROWS(6) SPECDEC_VNNI_ROWS(7) SPECDEC_VNNI_ROWS(8)
 #undef SPECDEC_VNNI_ROWS
@@ -1991,18 +2003,17 @@ void rms_norm(const Y* x, const float* weight, int64_t M, int64_t H, float eps, 
 template <class Y>
 inline void silu_product(const Y* g, const Y* u, Y* out, int64_t n) {
     const __m256 one = _mm256_set1_ps(1.0f);
-    for (int64_t i = 0; i < n; i += 8) {
-        const int64_t k = std::min<int64_t>(8, n - i);
+    auto silu = [&](__m256 gv, __m256 uv) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        return _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), uv);
+    };
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) store8(out + i, silu(load8(g + i), load8(u + i)));
+    if (i < n) {  // the tail through a buffer, zeros beyond it
+        const int64_t k = n - i;
         float gs[8] = {0}, us[8] = {0}, r[8];
         for (int64_t j = 0; j < k; ++j) gs[j] = value(g + i + j), us[j] = value(u + i + j);
-        const __m256 gv = _mm256_loadu_ps(gs);
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-        const __m256 y = _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(us));
-        if (k == 8) {
-            store8(out + i, y);
-            continue;
-        }
-        _mm256_storeu_ps(r, y);
+        _mm256_storeu_ps(r, silu(_mm256_loadu_ps(gs), _mm256_loadu_ps(us)));
         for (int64_t j = 0; j < k; ++j) store(out + i + j, r[j]);
     }
 }

@@ -1,0 +1,49 @@
+"""Two builds of the kernels' layer stack (rows.cpp stack_forward) over the same model in one
+process: ms per pass of 1 / 4 / 8 tokens after 200 cached, the runner's LayerStack pointed at each
+library in turn (its output head stays on the running build), medians over rounds, so that the
+VM's bandwidth swings fall on both alike. Both libraries get the kernel variants this process
+chose. Build the old one from a checkout (python -c "from specdec.kernels import build;
+print(build._build(build._compiler()))").
+
+    python scripts/stack_ab.py OLD.so smollm2 int8 [rounds]
+"""
+import ctypes
+import statistics
+import sys
+
+import torch
+
+from specdec.bench.pass_costs import median_pass_ms
+from specdec.engine.loading import load_runner
+from specdec.kernels import build, variants
+from specdec.models.checkpoint import open_model
+
+WIDTHS = (1, 4, 8)
+
+
+def main() -> None:
+    old_path, target, variant = sys.argv[1:4]
+    rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 5
+    torch.set_num_threads(2)
+    new = build.load()
+    old = ctypes.CDLL(old_path)
+    build._declare(old)
+    for v in variants.VARIANTS:
+        if hasattr(old, v.setter):
+            v.set(old, build.kernels_in_use()[v.name])
+    runner = load_runner(open_model(target).path, "bfloat16", quantize=None if variant == "default" else variant)
+    stack = runner.model.stack
+    ms: dict[tuple, list[float]] = {}
+    for _ in range(rounds):
+        for name, lib in (("old", old), ("new", new)):
+            stack.lib = lib
+            for width in WIDTHS:
+                ms.setdefault((name, width), []).append(median_pass_ms(runner, width, 5))
+    for name in ("old", "new"):
+        m = {w: statistics.median(ms[(name, w)]) for w in WIDTHS}
+        costs = " ".join(f"T{w} {m[w]:.2f}" for w in WIDTHS)
+        print(f"{name}: {costs} (4: {m[4] / m[1]:.2f}x 8: {m[8] / m[1]:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
