@@ -1,9 +1,11 @@
 """ms per target pass over T tokens with each bf16 product kernel this CPU can run (rows.cpp:
 avx2, amx, avx512), switched in one process and interleaved over rounds, so that a VM's drift
 between processes does not decide the comparison. bf16 weights are read where they lie, so
-switching kernels needs no new layout. Also prints the streaming bound of one pass.
+switching kernels needs no new layout. Also prints the streaming bound of one pass. Extra
+names after the rounds (int8, int4: `--quantize` on the grouped kernels) add those runners to the
+same rounds, on the bf16 kernel this machine chose.
 
-    python scripts/kernel_ab.py smollm2 [threads] [rounds]
+    python scripts/kernel_ab.py smollm2 [threads] [rounds] [int8,int4]
 """
 import sys
 
@@ -19,25 +21,32 @@ def main() -> None:
     target = sys.argv[1]
     torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 2)
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    quantized = sys.argv[4].split(",") if len(sys.argv) > 4 else []
     lib, bf16 = build.load(), variants.VARIANTS[0]
+    chosen = build.kernels_in_use()["bf16"]
     kernels = [k for k in bf16.runnable(build.cpu_flags()) if bf16.set(lib, k) == k]
-    runner = load_runner(open_model(target).path, "bfloat16")
-    ms = {k: {w: [] for w in WIDTHS} for k in kernels}
+    bf16.set(lib, chosen)
+    path = open_model(target).path
+    runner = load_runner(path, "bfloat16")
+    # (name, runner, bf16 kernel): each bf16 kernel on the bf16 runner, then the quantized runners
+    rows = [(k, runner, k) for k in kernels]
+    rows += [(q, load_runner(path, "bfloat16", quantize=q), chosen) for q in quantized]
+    ms = {name: {w: [] for w in WIDTHS} for name, _, _ in rows}
     for _ in range(rounds):
-        for kernel in kernels:
+        for name, run, kernel in rows:
             bf16.set(lib, kernel)
             for width in WIDTHS:
-                median_pass_ms(runner, width, 2, True)  # warm-up
-                ms[kernel][width].append(median_pass_ms(runner, width, 11, True))
-    bound = weight_bytes_per_pass(runner) / streaming_bandwidth() * 1e3
-    print(f"{build.cpu_model()}, {torch.get_num_threads()} threads; streaming bound of a pass {bound:.2f} ms")
-    for kernel in kernels:
-        best = {w: min(v) for w, v in ms[kernel].items()}
+                median_pass_ms(run, width, 2, True)  # warm-up
+                ms[name][width].append(median_pass_ms(run, width, 11, True))
+    bandwidth = streaming_bandwidth()
+    print(f"{build.cpu_model()}, {torch.get_num_threads()} threads; {bandwidth / 1e9:.1f} GB/s streaming")
+    for name, run, _ in rows:
+        bound = weight_bytes_per_pass(run) / bandwidth * 1e3
+        best = {w: min(v) for w, v in ms[name].items()}
         cells = " ".join(f"T={w}: {best[w]:.2f}" for w in WIDTHS)
         ratios = " ".join(f"{w}: {best[w] / best[1]:.2f}x" for w in (4, 8))
-        print(f"{kernel:7s} ms a pass (best of {rounds} rounds)  {cells}  | {ratios} | T=1 at "
-              f"{bound / best[1]:.0%} of the bound", flush=True)
-
+        print(f"{name:7s} ms a pass (best of {rounds} rounds)  {cells}  | {ratios} | T=1 at "
+              f"{bound / best[1]:.0%} of its bound ({bound:.2f} ms)", flush=True)
 
 if __name__ == "__main__":
     main()
