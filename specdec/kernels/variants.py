@@ -26,7 +26,7 @@ passes) on AMX-INT8 tiles or not: the same integer dots and float steps, so the 
 multiples of 16: one FMA a key and 16 dims, sixteen keys' sums added in one tree instead of a
 horizontal sum a key; a score's bits differ between the two). Measured on an AMD EPYC Zen 5, 2
 threads, whole SmolLM2 passes over 1,000 / 2,000 cached tokens (bench/results/kernels_stop65_zen5.txt):
-8-token pass 14.4 -> 12.4 ms and 20.6 -> 17.0 ms.
+8-token pass 14.5 -> 13.0 ms and 22.0 -> 18.2 ms; one layer's attention alone 1.2-1.5x.
 SPECDEC_BF16_KERNEL=avx2|amx|avx512, SPECDEC_GROUPED_KERNEL=avx2|vnni, SPECDEC_GROUPED_WIDE_KERNEL=vnni|amx
 and SPECDEC_ATTENTION_KERNEL=avx2|avx512 set them by hand."""
 from __future__ import annotations
