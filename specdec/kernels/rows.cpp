@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <algorithm>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -1368,14 +1369,16 @@ VNNI_TARGET void vnni_glinear(const QuantizedRows& xr, const uint8_t* w, const G
                               Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
     static_assert(!NIB || G == 32, "4-bit weights come in groups of 32");
     const int64_t KG = K / G, ldw = NIB ? K / 2 : K, blocks = N / 16;
-    std::vector<uint8_t> shifted(SIGNED ? M * K : 0);  // x + 128 (group_dot_signed)
-    for (size_t i = 0; i < shifted.size(); ++i) shifted[i] = uint8_t(xr.q[i]) ^ 0x80;
-    const uint8_t* xu = shifted.data();
     const int64_t wide = grouped_wide_kernel ? M / 16 * 16 : 0;  // rows on AMX tiles, the rest as below
     if (wide) {
         amx_glinear<G, NIB, SIGNED, OFF, S>(xr, w, gs, bias, y, ldy, wide, blocks, K);
         if (wide == M) return;
     }
+    // x + 128 of the rest's rows (group_dot_signed), row m at xu + m * K
+    const std::unique_ptr<uint8_t[]> shifted(SIGNED ? new uint8_t[M * K] : nullptr);
+    if constexpr (SIGNED)
+        for (int64_t i = wide * K; i < M * K; ++i) shifted[i] = uint8_t(xr.q[i]) ^ 0x80;
+    const uint8_t* xu = shifted.get();
     #pragma omp parallel for schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
         const uint8_t* wb = w + blk * 16 * ldw;
@@ -1705,7 +1708,8 @@ AVX512_TARGET float softmax16(float* sc, int64_t n, float scale) {
         _mm512_mask_storeu_ps(sc + j, m, e);
         sum = _mm512_mask_add_ps(sum, m, sum, e);
     }
-    return 1.0f / hsum(_mm256_add_ps(_mm512_castps512_ps256(sum), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sum), 1))));
+    const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sum), 1));
+    return 1.0f / hsum(_mm256_add_ps(_mm512_castps512_ps256(sum), high));
 }
 
 // convert_keys() 16 lanes at a time (the same values)
@@ -1804,7 +1808,8 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
             const int64_t* count, const int64_t* start, const int64_t* index, Y* out,
             int64_t rows, int64_t nh, int64_t nkv, int64_t hd, int64_t pos_stride, int64_t head_stride,
             float scale) {
-    constexpr int64_t CH = 64;
+    constexpr int64_t CH = 64;  // even: a shared chunk's keys keep their positions' parity (weigh_lanes16)
+    static_assert(CH % 2 == 0, "chunks of an even number of keys");
     const int64_t group = nh / nkv;
     std::vector<int64_t> run_start, prefix;
     row_runs(base, count, start, index, rows, run_start, prefix);
