@@ -6,6 +6,7 @@ the only place both run in one process (a real process keeps the one chosen at l
     python scripts/attention_ab.py smollm2 default 4 200,1000,2000
     python scripts/attention_ab.py qwen-coder gguf 3 200,1000
     python scripts/attention_ab.py micro 9   # one layer's attention alone, SmolLM2's and Qwen2.5-Coder's heads
+    python scripts/attention_ab.py prefill qwen-coder gguf 2048 2   # a prompt's prefill, ms
 """
 import statistics
 import sys
@@ -50,7 +51,28 @@ def micro(rounds: int) -> None:
         print(f"{name:32s} avx2 {a:.3f} ms  avx512 {b:.3f} ms  ({a / b:.2f}x)", flush=True)
 
 
+def prefill(target: str, variant: str, tokens: int, rounds: int) -> None:
+    """ms to prefill a `tokens`-token prompt (the runner's chunks), per kernel, medians over rounds."""
+    lib = build.load()
+    runner = load_runner(open_model(target).path, "bfloat16", quantize=None if variant == "default" else variant)
+    ids = [100 + (i * 7919) % 20000 for i in range(tokens)]
+    ms: dict[int, list[float]] = {0: [], 1: []}
+    for _ in range(rounds):
+        for kernel in ms:
+            lib.set_attention_kernel(kernel)
+            runner.reset()
+            start = time.perf_counter()
+            runner.extend(ids)
+            ms[kernel].append((time.perf_counter() - start) * 1e3)
+    a, b = statistics.median(ms[0]), statistics.median(ms[1])
+    print(f"{target} prefill of {tokens} tokens: avx2 {a:.0f} ms, avx512 {b:.0f} ms ({a / b:.2f}x; "
+          f"{tokens / b * 1e3:.0f} tokens/s)")
+
+
 def main() -> None:
+    if sys.argv[1] == "prefill":
+        torch.set_num_threads(2)
+        return prefill(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     if sys.argv[1] == "micro":
         torch.set_num_threads(2)
         return micro(int(sys.argv[2]))
