@@ -23,11 +23,23 @@ WIDTHS = (1, 4, 8)
 KERNELS = ("avx2", "avx512")
 
 
+def library():
+    """The kernels, where both attention kernels run here (else the comparison would be avx2 twice)."""
+    lib = build.load()
+    if lib is None or lib.set_attention_kernel(1) != 1:
+        raise SystemExit("the AVX-512 attention kernel cannot run here")
+    return lib
+
+
+def runner_for(target: str, variant: str):
+    return load_runner(open_model(target).path, "bfloat16", quantize=None if variant == "default" else variant)
+
+
 def micro(rounds: int) -> None:
     """ms of one attention call (bf16 cache, T rows of one sequence after L keys), per kernel."""
     from specdec.kernels import invariant
 
-    lib = build.load()
+    lib = library()
     g = torch.Generator().manual_seed(0)
     cases = []
     for hd, nh, nkv, L, T in [(64, 9, 3, 1000, 1), (64, 9, 3, 1000, 8), (64, 9, 3, 2000, 8),
@@ -53,8 +65,7 @@ def micro(rounds: int) -> None:
 
 def prefill(target: str, variant: str, tokens: int, rounds: int) -> None:
     """ms to prefill a `tokens`-token prompt (the runner's chunks), per kernel, medians over rounds."""
-    lib = build.load()
-    runner = load_runner(open_model(target).path, "bfloat16", quantize=None if variant == "default" else variant)
+    lib, runner = library(), runner_for(target, variant)
     ids = [100 + (i * 7919) % 20000 for i in range(tokens)]
     ms: dict[int, list[float]] = {0: [], 1: []}
     for _ in range(rounds):
@@ -79,10 +90,7 @@ def main() -> None:
     target, variant, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
     contexts = [int(c) for c in sys.argv[4].split(",")]
     torch.set_num_threads(2)
-    lib = build.load()
-    if lib is None or lib.set_attention_kernel(1) != 1:
-        raise SystemExit("the AVX-512 attention kernel cannot run here")
-    runner = load_runner(open_model(target).path, "bfloat16", quantize=None if variant == "default" else variant)
+    lib, runner = library(), runner_for(target, variant)
     ms: dict[tuple, list[float]] = {}
     for _ in range(rounds):
         for kernel in range(len(KERNELS)):
