@@ -1,7 +1,8 @@
 """Two builds of the kernels' layer stack (rows.cpp stack_forward) over the same model in one
 process: ms per pass of 1 / 4 / 8 tokens after 200 cached, the runner's LayerStack pointed at each
 library in turn (its output head stays on the running build), medians over rounds, so that the
-VM's bandwidth swings fall on both alike. Both libraries get the kernel variants this process
+VM's bandwidth swings fall on both alike. First checks that both give the same bits: the logits of
+a 300-token prefill and of 1-, 4- and 8-token passes after it. Both libraries get the kernel variants this process
 chose. Build the old one from a checkout (python -c "from specdec.kernels import build;
 print(build._build(build._compiler()))").
 
@@ -21,6 +22,14 @@ from specdec.models.checkpoint import open_model
 WIDTHS = (1, 4, 8)
 
 
+def logits(runner) -> list[torch.Tensor]:
+    runner.reset()
+    out = [runner.extend(list(range(100, 400)))]
+    for width in WIDTHS:
+        out.append(runner.extend(list(range(7, 7 + width))))
+    return out
+
+
 def main() -> None:
     old_path, target, variant = sys.argv[1:4]
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 5
@@ -33,6 +42,12 @@ def main() -> None:
             v.set(old, build.kernels_in_use()[v.name])
     runner = load_runner(open_model(target).path, "bfloat16", quantize=None if variant == "default" else variant)
     stack = runner.model.stack
+    outputs = {}
+    for name, lib in (("old", old), ("new", new)):
+        stack.lib = lib
+        outputs[name] = logits(runner)
+    same = all(torch.equal(a, b) for a, b in zip(outputs["old"], outputs["new"]))
+    print(f"same bits (prefill of 300, passes of {', '.join(map(str, WIDTHS))}): {same}")
     ms: dict[tuple, list[float]] = {}
     for _ in range(rounds):
         for name, lib in (("old", old), ("new", new)):

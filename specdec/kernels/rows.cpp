@@ -35,6 +35,46 @@
 
 namespace {
 
+// Threads: the kernels are written for a team (OpenMP worksharing without a parallel region of their
+// own: `omp for` shares a loop among the threads of the enclosing region, or runs it whole on the
+// one thread where there is none). A whole decoder stack runs in one region (stack_forward), its
+// steps separated by the worksharing loops' barriers (~0.5 us each on a 2-core EPYC) instead of a
+// region each (~1.2 us to start and end; ~240 a pass of 8 tokens on SmolLM2), and the steps that
+// ran on one thread while the others waited (rope, residual adds, rounding x to 8 bits) split among
+// them. The products' loops end without a barrier (nowait): project() waits once for all the parts
+// of a fused projection. The C entry points open a region around one kernel. Who computes what never
+// changes a bit: every row's arithmetic is the same on any thread. (Measured, SmolLM2 in one process
+// against the build before, AMD EPYC Zen 5, 2 threads: int4 1- / 8-token passes 2.71 / 4.78 -> 2.56 /
+// 4.68 ms, bfloat16 6.02 / 7.74 -> 5.94 / 7.57 ms; the same bits: scripts/stack_ab.py.)
+
+// One object the whole team reads: made by one thread, its pointer handed to the others
+template <class T>
+inline std::shared_ptr<T> team_object() {
+    std::shared_ptr<T> p;
+    #pragma omp single copyprivate(p)
+    p = std::make_shared<T>();
+    return p;
+}
+
+// Per-row data the team reads (size(T&) then row(T&, m) for each row): each thread makes its own
+// copy where the work is small or one row (no barrier to wait at), else one copy split by rows
+constexpr int64_t PRIVATE_ROW_WORK = 4096;
+template <class T, class Size, class Row>
+inline std::shared_ptr<const T> team_rows(int64_t M, int64_t work, const Size& size, const Row& row) {
+    if (M == 1 || work <= PRIVATE_ROW_WORK || omp_get_num_threads() == 1) {
+        auto own = std::make_shared<T>();
+        size(*own);
+        for (int64_t m = 0; m < M; ++m) row(*own, m);
+        return own;
+    }
+    std::shared_ptr<T> shared = team_object<T>();
+    #pragma omp single
+    size(*shared);
+    #pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; ++m) row(*shared, m);
+    return shared;
+}
+
 inline float hsum(__m256 v) {  // fixed order: (lanes 0-3 + 4-7), then pairs, then the last two
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -246,23 +286,22 @@ AMX_TARGET void amx_linear(const uint16_t* x, const uint16_t* w, const Epilogue&
     const int64_t chunks = (M + 15) / 16, P = K / 2;
     // x's rows as B tiles, chunk c of r rows: k pair p, row j -> x[16c + j][2p], x[16c + j][2p + 1]
     // (row stride 4r bytes); one row is already so laid out
-    std::vector<uint32_t> packed(M > 1 ? M * P : 0);
     const uint32_t* xr = reinterpret_cast<const uint32_t*>(x);
-    for (int64_t c = 0; c < chunks && M > 1; ++c) {
-        const int64_t r = std::min<int64_t>(16, M - c * 16);
-        for (int64_t j = 0; j < r; ++j)
-            for (int64_t p = 0; p < P; ++p) packed[c * 16 * P + p * r + j] = xr[(c * 16 + j) * P + p];
-    }
+    const auto packed = team_rows<std::vector<uint32_t>>(
+        M > 1 ? M : 0, M > 1 ? M * P : 0, [&](std::vector<uint32_t>& out) { out.resize(M > 1 ? M * P : 0); },
+        [&](std::vector<uint32_t>& out, int64_t m) {
+            const int64_t c = m / 16, j = m % 16, r = std::min<int64_t>(16, M - c * 16);
+            for (int64_t p = 0; p < P; ++p) out[c * 16 * P + p * r + j] = xr[m * P + p];
+        });
     const auto rows_of = [&](int64_t c) { return int(std::min<int64_t>(16, M - c * 16)); };
     const auto chunk = [&](int64_t c) {
-        return M > 1 ? reinterpret_cast<const uint16_t*>(packed.data() + c * 16 * P) : x;
+        return M > 1 ? reinterpret_cast<const uint16_t*>(packed->data() + c * 16 * P) : x;
     };
     const int64_t blocks = N16 / 16;
-    #pragma omp parallel
     {
         alignas(64) float sums[2][256];
         int configured0 = 0, configured1 = -1;
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(static) nowait
         for (int64_t b = 0; b < blocks; ++b) {
             const int64_t n0 = b * 16;
             // chunks in pairs sharing each weight tile: past 16 rows the tile products, not the
@@ -390,7 +429,7 @@ template <class Y>
 DP_TARGET void dp_linear(const uint16_t* x, const uint16_t* w, const Epilogue& e, Y* y, int64_t M, int64_t N,
                          int64_t K, int64_t ldy) {
     const int64_t blocks = (N + NB - 1) / NB;
-    #pragma omp parallel for schedule(static)
+    #pragma omp for schedule(static) nowait
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * NB, n1 = std::min(N, n0 + NB);
         // Past 4 rows, all row tiles go through each 4-column tile while its weights are in L1 (a
@@ -438,16 +477,15 @@ void linear(const void* x_in, bool x_bf16, const typename W::T* w, Epilogue e, Y
 template <class W, class Y>
 void linear_columns(const void* x_in, bool x_bf16, const typename W::T* w, Epilogue e, Y* y, int64_t M, int64_t N,
                     int64_t K, int64_t ldy, int64_t n_first) {
-    std::vector<float> converted;
-    const float* x = static_cast<const float*>(x_in);
-    if (x_bf16) {
-        converted.resize(M * K);
-        const uint16_t* xb = static_cast<const uint16_t*>(x_in);
-        for (int64_t i = 0; i < M * K; ++i) converted[i] = Bf16::one(xb + i);
-        x = converted.data();
-    }
+    const uint16_t* xb = static_cast<const uint16_t*>(x_in);
+    const auto converted = team_rows<std::vector<float>>(
+        x_bf16 ? M : 0, x_bf16 ? M * K : 0, [&](std::vector<float>& out) { out.resize(x_bf16 ? M * K : 0); },
+        [&](std::vector<float>& out, int64_t m) {
+            for (int64_t i = m * K; i < (m + 1) * K; ++i) out[i] = Bf16::one(xb + i);
+        });
+    const float* x = x_bf16 ? converted->data() : static_cast<const float*>(x_in);
     const int64_t blocks = (N - n_first + NB - 1) / NB;
-    #pragma omp parallel for schedule(static)
+    #pragma omp for schedule(static) nowait
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = n_first + b * NB, n1 = std::min(N, n0 + NB);
         by_row_tiles(M, [&](auto r, int64_t m) __attribute__((always_inline)) {
@@ -461,10 +499,13 @@ void linear_any(const void* x, int x_bf16, const void* w, const float* scale, co
                 int y_bf16, int64_t M, int64_t N, int64_t K) {
     const Epilogue e{scale, bias};
     const typename W::T* wt = static_cast<const typename W::T*>(w);
-    if (y_bf16)
-        linear<W>(x, x_bf16 != 0, wt, e, static_cast<uint16_t*>(y), M, N, K, N);
-    else
-        linear<W>(x, x_bf16 != 0, wt, e, static_cast<float*>(y), M, N, K, N);
+    #pragma omp parallel
+    {
+        if (y_bf16)
+            linear<W>(x, x_bf16 != 0, wt, e, static_cast<uint16_t*>(y), M, N, K, N);
+        else
+            linear<W>(x, x_bf16 != 0, wt, e, static_cast<float*>(y), M, N, K, N);
+    }
 }
 
 // Grouped weights (GGUF's block formats unpacked, models/gguf_blocks.py), multiplied as
@@ -483,7 +524,11 @@ struct QuantizedRows {  // x quantized per row and block of 32 (or 256), with ea
     std::vector<float> d;  // [M, K / 32], or [K / QB, M] (SUPER)
     std::vector<float> sums;  // [M, K / G]: dx * sum of the group's quantized values (one level)
     std::vector<int16_t> group_sums;  // SUPER: [K / QB, M, QB / G], each group's sum of quantized values
+    std::vector<uint8_t> shifted;  // SHIFTED: [M, K], q + 128 (group_dot_signed)
+    std::vector<int32_t> pairs;  // SUM_PAIRS: [M, K / G / 2], groups 2i and 2i + 1's sums of q as an
+                                 // int16 pair (low: 2i), each |sum| <= 32 x 127 (vnni_super_rows)
 };
+enum RowExtras { SHIFTED = 1, SUM_PAIRS = 2 };
 
 inline __m256 load_x8(const void* x, bool bf16, int64_t i) {
     return bf16 ? Bf16::load(static_cast<const uint16_t*>(x) + i) : _mm256_loadu_ps(static_cast<const float*>(x) + i);
@@ -496,63 +541,85 @@ inline int hsum_i32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-// dx = max|x| / 127 per block of QB (32, or 256 for the K-quants' superblocks, as llama.cpp's
-// Q8_0 and Q8_K); xq = x / dx rounded to nearest even (the default rounding mode of the
+// Row m of x: dx = max|x| / 127 per block of QB (32, or 256 for the K-quants' superblocks, as
+// llama.cpp's Q8_0 and Q8_K); xq = x / dx rounded to nearest even (the default rounding mode of the
 // conversion), in [-127, 127]; sums[g] = dx * sum of group g's xq. PAIRS: each 64 values stored
 // as the 4-bit weights' two blocks come from one 32-byte load (ktile): values 0-15 of both
 // blocks, then 16-31 of both. SUPER: blocks stored superblock-major (block b of every row, then
-// block b + 1), so a tile's rows sit at fixed offsets from one pointer (ktile).
-template <int QB, bool PAIRS = false, bool SUPER = false>
-inline void quantize_rows(const void* x, bool bf16, int64_t M, int64_t K, int64_t G, QuantizedRows& out) {
+// block b + 1), so a tile's rows sit at fixed offsets from one pointer (ktile). A row writes only
+// its own entries.
+template <int QB, bool PAIRS, bool SUPER>
+inline void quantize_row(const void* x, bool bf16, int64_t M, int64_t K, int64_t G, int64_t m, QuantizedRows& out) {
     const int64_t KB = K / QB;
-    out.q.resize(M * K);
-    out.d.resize(M * KB);
-    if (SUPER) out.group_sums.resize(M * (K / G));
-    else out.sums.resize(M * (K / G));
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    for (int64_t m = 0; m < M; ++m)
-        for (int64_t b = 0; b < KB; ++b) {
-            const int64_t at = m * K + b * QB, to = SUPER ? (b * M + m) * QB : at;
-            __m256 amax = _mm256_setzero_ps();
-            for (int i = 0; i < QB / 8; ++i) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, load_x8(x, bf16, at + 8 * i)));
-            __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-            h = _mm_max_ss(h, _mm_movehdup_ps(h));
-            const float d = _mm_cvtss_f32(h) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-            out.d[SUPER ? b * M + m : m * KB + b] = d;
-            for (int64_t c = 0; c < QB; c += 32) {
-                __m256i qi[4];
-                for (int i = 0; i < 4; ++i)
-                    qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(load_x8(x, bf16, at + c + 8 * i), _mm256_set1_ps(id)));
-                // packs interleave 128-bit lanes: the permute puts the 32 values back in order
-                const __m256i p16a = _mm256_packs_epi32(qi[0], qi[1]), p16b = _mm256_packs_epi32(qi[2], qi[3]);
-                const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
-                                                               _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-                if (PAIRS) {
-                    const int64_t h = (c / 32) % 2, pair = to + c - 32 * h;
-                    _mm_storeu_si128((__m128i*)(out.q.data() + pair + 16 * h), _mm256_castsi256_si128(p8));
-                    _mm_storeu_si128((__m128i*)(out.q.data() + pair + 32 + 16 * h), _mm256_extracti128_si256(p8, 1));
-                } else {
-                    _mm256_storeu_si256((__m256i*)(out.q.data() + to + c), p8);
-                }
-                const int lo = hsum_i32(_mm256_add_epi32(qi[0], qi[1])), hi = hsum_i32(_mm256_add_epi32(qi[2], qi[3]));
-                if (SUPER) {  // at most 32 x 127: int16
-                    int16_t* gs = out.group_sums.data() + (to + c) / G;
-                    if (G == 32) gs[0] = int16_t(lo + hi);
-                    else {
-                        gs[0] = int16_t(lo);
-                        gs[1] = int16_t(hi);
-                    }
-                    continue;
-                }
-                const int64_t g = (at + c) / G;  // the first group of these 32 values (rows of K / G groups)
-                if (G == 32) out.sums[g] = d * float(lo + hi);
+    for (int64_t b = 0; b < KB; ++b) {
+        const int64_t at = m * K + b * QB, to = SUPER ? (b * M + m) * QB : at;
+        __m256 amax = _mm256_setzero_ps();
+        for (int i = 0; i < QB / 8; ++i) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, load_x8(x, bf16, at + 8 * i)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float d = _mm_cvtss_f32(h) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        out.d[SUPER ? b * M + m : m * KB + b] = d;
+        for (int64_t c = 0; c < QB; c += 32) {
+            __m256i qi[4];
+            for (int i = 0; i < 4; ++i)
+                qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(load_x8(x, bf16, at + c + 8 * i), _mm256_set1_ps(id)));
+            // packs interleave 128-bit lanes: the permute puts the 32 values back in order
+            const __m256i p16a = _mm256_packs_epi32(qi[0], qi[1]), p16b = _mm256_packs_epi32(qi[2], qi[3]);
+            const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
+                                                           _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            if (PAIRS) {
+                const int64_t h = (c / 32) % 2, pair = to + c - 32 * h;
+                _mm_storeu_si128((__m128i*)(out.q.data() + pair + 16 * h), _mm256_castsi256_si128(p8));
+                _mm_storeu_si128((__m128i*)(out.q.data() + pair + 32 + 16 * h), _mm256_extracti128_si256(p8, 1));
+            } else {
+                _mm256_storeu_si256((__m256i*)(out.q.data() + to + c), p8);
+            }
+            const int lo = hsum_i32(_mm256_add_epi32(qi[0], qi[1])), hi = hsum_i32(_mm256_add_epi32(qi[2], qi[3]));
+            if (SUPER) {  // at most 32 x 127: int16
+                int16_t* gs = out.group_sums.data() + (to + c) / G;
+                if (G == 32) gs[0] = int16_t(lo + hi);
                 else {
-                    out.sums[g] = d * float(lo);
-                    out.sums[g + 1] = d * float(hi);
+                    gs[0] = int16_t(lo);
+                    gs[1] = int16_t(hi);
                 }
+                continue;
+            }
+            const int64_t g = (at + c) / G;  // the first group of these 32 values (rows of K / G groups)
+            if (G == 32) out.sums[g] = d * float(lo + hi);
+            else {
+                out.sums[g] = d * float(lo);
+                out.sums[g + 1] = d * float(hi);
             }
         }
+    }
+}
+
+// x [M, K] quantized for the team (team_rows), with the extras asked for (row-major q only)
+template <int QB, bool PAIRS = false, bool SUPER = false>
+inline std::shared_ptr<const QuantizedRows> quantize_rows(const void* x, bool bf16, int64_t M, int64_t K, int64_t G,
+                                                          int extras = 0) {
+    const auto size = [&](QuantizedRows& out) {
+        out.q.resize(M * K);
+        out.d.resize(M * (K / QB));
+        if (SUPER) out.group_sums.resize(M * (K / G));
+        else out.sums.resize(M * (K / G));
+        if (extras & SHIFTED) out.shifted.resize(M * K);
+        if (extras & SUM_PAIRS) out.pairs.resize(M * (K / G / 2));
+    };
+    const auto row = [&](QuantizedRows& out, int64_t m) {
+        quantize_row<QB, PAIRS, SUPER>(x, bf16, M, K, G, m, out);
+        if (extras & SHIFTED)
+            for (int64_t i = m * K; i < (m + 1) * K; ++i) out.shifted[i] = uint8_t(out.q[i]) ^ 0x80;
+        if (extras & SUM_PAIRS)
+            for (int64_t i = m * (K / G / 2); i < (m + 1) * (K / G / 2); ++i) {
+                int32_t low = 0, high = 0;
+                for (int64_t k = 0; k < G; ++k) low += out.q[2 * i * G + k], high += out.q[(2 * i + 1) * G + k];
+                out.pairs[i] = int32_t((uint32_t(low) & 0xFFFFu) | (uint32_t(high) << 16));
+            }
+    };
+    return team_rows<QuantizedRows>(M, M * K, size, row);
 }
 
 template <bool NIB>
@@ -792,10 +859,10 @@ inline void qrows_block(const QuantizedRows& xr, int64_t M, int64_t m0, const ui
 template <int G, bool NIB, bool SIGNED, bool OFF, int S, class Y>
 void glinear(const void* x, bool x_bf16, const uint8_t* w, const GroupScales& gs, const float* bias, Y* y,
              int64_t ldy, int64_t M, int64_t N, int64_t K) {
-    QuantizedRows xr;
-    quantize_rows<(S > 0 ? S : 32), (S > 0 && NIB), (S > 0)>(x, x_bf16, M, K, G, xr);
+    const auto quantized = quantize_rows<(S > 0 ? S : 32), (S > 0 && NIB), (S > 0)>(x, x_bf16, M, K, G);
+    const QuantizedRows& xr = *quantized;
     const int64_t blocks = (N + NB - 1) / NB;
-    #pragma omp parallel for schedule(static)
+    #pragma omp for schedule(static) nowait
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * NB, n1 = std::min(N, n0 + NB);
         if constexpr (S > 0) {
@@ -865,18 +932,6 @@ VNNI_TARGET inline __m512 group_step(__m512 acc, __m512i dot, __m512 f, __m512 o
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(f, _mm512_set1_ps(d)), acc);
     if constexpr (OFF) acc = _mm512_fmadd_ps(o, _mm512_set1_ps(xsum), acc);
     return acc;
-}
-
-// The sums of x's quantized values in groups 2i and 2i + 1 as one int16 pair (low: 2i), the first n
-// pairs: each |sum| <= 32 x 127
-inline std::vector<int32_t> group_sum_pairs(const QuantizedRows& xr, int64_t n, int64_t G) {
-    std::vector<int32_t> pairs(n);
-    for (int64_t i = 0; i < n; ++i) {
-        int32_t low = 0, high = 0;
-        for (int64_t k = 0; k < G; ++k) low += xr.q[2 * i * G + k], high += xr.q[(2 * i + 1) * G + k];
-        pairs[i] = int32_t((uint32_t(low) & 0xFFFFu) | (uint32_t(high) << 16));
-    }
-    return pairs;
 }
 
 // Group g's weights for block wb's 16 outputs as G / 4 runs of 4 inputs (vnni_rows's order)
@@ -1083,11 +1138,10 @@ AMX_INT8_TARGET void amx_glinear(const QuantizedRows& xr, const uint8_t* w, cons
                                  Y* y, int64_t ldy, int64_t wide, int64_t blocks, int64_t K) {
     constexpr int TB = AMX_GROUPED_BLOCKS;
     const int64_t sets = (blocks + TB - 1) / TB;
-    #pragma omp parallel
     {
         alignas(64) float acc[TB * 256];
         amx_grouped_configure<G>();
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(static) nowait
         for (int64_t set = 0; set < sets; ++set) {
             const int nb = int(std::min<int64_t>(TB, blocks - set * TB));
             for (int64_t m0 = 0; m0 < wide; m0 += 16)
@@ -1269,21 +1323,23 @@ AMX_INT8_TARGET void amx_super_glinear(const QuantizedRows& xr, const uint8_t* w
     const int64_t KG = K / G, KS = K / S, ldw = NIB ? K / 2 : K;
     // x's rows by chunks of 64 inputs, [K / 64][wide][64]: each A tile one contiguous KB (rows K
     // bytes apart fell in few cache sets)
-    std::vector<int8_t> xt(wide * K);
-    for (int64_t m = 0; m < wide; ++m)
-        for (int64_t kc = 0; kc < K / 64; ++kc) memcpy(xt.data() + (kc * wide + m) * 64, xr.q.data() + m * K + kc * 64, 64);
+    const auto chunked = team_rows<std::vector<int8_t>>(
+        wide, wide * K, [&](std::vector<int8_t>& out) { out.resize(wide * K); },
+        [&](std::vector<int8_t>& out, int64_t m) {
+            for (int64_t kc = 0; kc < K / 64; ++kc) memcpy(out.data() + (kc * wide + m) * 64, xr.q.data() + m * K + kc * 64, 64);
+        });
+    const std::vector<int8_t>& xt = *chunked;
     // rows by panels whose x (read again for each block) stays in L2
     const int64_t panel = std::max<int64_t>(16, std::min<int64_t>(wide, (int64_t(3) << 19) / K / 16 * 16));
     for (int64_t p0 = 0; p0 < wide; p0 += panel) {
         const int64_t rows = std::min(panel, wide - p0);
-        #pragma omp parallel
         {
             C chunks[CH];
             alignas(64) int32_t sums[5][256];
             std::vector<float> acc_store(rows * 16 + 16);
             float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(acc_store.data()) + 63) & ~uintptr_t(63));
             amx_super_configure();
-            #pragma omp for schedule(static)
+            #pragma omp for schedule(static) nowait
             for (int64_t blk = 0; blk < blocks; ++blk) {
                 const uint8_t* wb = w + blk * 16 * ldw;
                 const int8_t* scale = static_cast<const int8_t*>(gs.scale) + blk * KG * 16;
@@ -1344,14 +1400,14 @@ VNNI_TARGET void vnni_super_glinear(const QuantizedRows& xr, const uint8_t* w, c
         amx_super_glinear<G, NIB, S>(xr, w, gs, bias, y, ldy, wide, blocks, K);
         if (wide == M) return;
     }
-    const std::vector<int32_t> xpair = group_sum_pairs(xr, M * KG / 2, G);
-    #pragma omp parallel for schedule(static)
+    const int32_t* xpair = xr.pairs.data();
+    #pragma omp for schedule(static) nowait
     for (int64_t blk = 0; blk < blocks; ++blk) {
         const uint8_t* wb = w + blk * 16 * ldw;
         for (int64_t m0 = wide; m0 < M; m0 += 8) {
             switch (std::min<int64_t>(8, M - m0)) {
 #define SPECDEC_SUPER_ROWS(R) \
-    case R: vnni_super_rows<G, NIB, S, R>(xr, xpair.data(), wb, gs, bias, y, ldy, m0, blk, K); break;
+    case R: vnni_super_rows<G, NIB, S, R>(xr, xpair, wb, gs, bias, y, ldy, m0, blk, K); break;
                 SPECDEC_SUPER_ROWS(1) SPECDEC_SUPER_ROWS(2) SPECDEC_SUPER_ROWS(3) SPECDEC_SUPER_ROWS(4)
                 SPECDEC_SUPER_ROWS(5) SPECDEC_SUPER_ROWS(6) SPECDEC_SUPER_ROWS(7) SPECDEC_SUPER_ROWS(8)
 #undef SPECDEC_SUPER_ROWS
@@ -1374,12 +1430,8 @@ VNNI_TARGET void vnni_glinear(const QuantizedRows& xr, const uint8_t* w, const G
         amx_glinear<G, NIB, SIGNED, OFF, S>(xr, w, gs, bias, y, ldy, wide, blocks, K);
         if (wide == M) return;
     }
-    // x + 128 of the rest's rows (group_dot_signed), row m at xu + m * K
-    const std::unique_ptr<uint8_t[]> shifted(SIGNED ? new uint8_t[M * K] : nullptr);
-    if constexpr (SIGNED)
-        for (int64_t i = wide * K; i < M * K; ++i) shifted[i] = uint8_t(xr.q[i]) ^ 0x80;
-    const uint8_t* xu = shifted.get();
-    #pragma omp parallel for schedule(static)
+    const uint8_t* xu = xr.shifted.data();  // x + 128 (group_dot_signed), row m at xu + m * K
+    #pragma omp for schedule(static) nowait
     for (int64_t blk = 0; blk < blocks; ++blk) {
         const uint8_t* wb = w + blk * 16 * ldw;
         for (int64_t m0 = wide; m0 < M; m0 += 8) {  // 8 rows' sums and a group's weights within 32 registers
@@ -1406,14 +1458,13 @@ int grouped(const void* x, bool x_bf16, const uint8_t* w, bool columns, const Gr
     }
 #ifdef SPECDEC_AMX
     if (N % 16 == 0 && grouped_columns_kernel) {
-        QuantizedRows xr;
         if constexpr (OFF && S > 0 && (NIB || G == 16)) {  // Q4_K, Q6_K: integer sums by superblocks
-            quantize_rows<(S > 0 ? S : 32)>(x, x_bf16, M, K, G, xr);
-            vnni_super_glinear<G, NIB, (S > 0 ? S : 32)>(xr, w, gs, bias, y, ldy, M, N, K);
+            const auto xr = quantize_rows<(S > 0 ? S : 32)>(x, x_bf16, M, K, G, SUM_PAIRS);
+            vnni_super_glinear<G, NIB, (S > 0 ? S : 32)>(*xr, w, gs, bias, y, ldy, M, N, K);
             return 0;
         }
-        quantize_rows<32>(x, x_bf16, M, K, G, xr);
-        vnni_glinear<G, NIB, SIGNED, OFF, S>(xr, w, gs, bias, y, ldy, M, N, K);
+        const auto xr = quantize_rows<32>(x, x_bf16, M, K, G, SIGNED ? SHIFTED : 0);
+        vnni_glinear<G, NIB, SIGNED, OFF, S>(*xr, w, gs, bias, y, ldy, M, N, K);
         return 0;
     }
 #endif
@@ -1818,9 +1869,8 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
     const int64_t AH = wide ? 2 * hd : hd;  // a query's accumulators (weigh_values16: two halves)
     // work items: a run's query heads of one kv head, split in `parts` so that a lone sequence's
     // few kv heads still keep every thread busy (each part converts the shared keys for itself)
-    const int64_t threads = omp_get_max_threads();
+    const int64_t threads = omp_get_num_threads();  // the team's
     const int64_t parts = std::max<int64_t>(1, (2 * threads + runs * nkv - 1) / (runs * nkv));
-    #pragma omp parallel
     {
         std::vector<float> scores, acc, inv, buf(CH * hd);
         std::vector<int64_t> shared;
@@ -1976,31 +2026,40 @@ int project(const Projection& p, const Y* x, int64_t M, int64_t K, Y* y) {
             return 1;
         column += part.rows;
     }
+    // the products' loops end without waiting (nowait), so that a fused projection's parts follow
+    // each other: one barrier for the whole output
+    #pragma omp barrier
     return 0;
 }
 
-// out = weight * (x / rms(x)), the normalized value rounded before the weight as Hugging Face's
-// RMSNorm does, then the product rounded; the sum of squares in dot_f32's order (8 lanes, then
-// the tail), read straight from x (no per-row copy inside the parallel loop)
+// out = weight * (x / rms(x)) over one row of H, the normalized value rounded before the weight as
+// Hugging Face's RMSNorm does, then the product rounded; the sum of squares in dot_f32's order (8
+// lanes, then the tail)
 template <class Y>
-void rms_norm(const Y* x, const float* weight, int64_t M, int64_t H, float eps, Y* out) {
+inline void norm_row(const Y* row, const float* weight, int64_t H, float eps, Y* out) {
     const int64_t H8 = H & ~int64_t(7);
-    #pragma omp parallel for schedule(static) if (M > 1)
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < H8; i += 8) {
+        const __m256 v = load8(row + i);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    float squares = hsum(acc);
+    for (int64_t i = H8; i < H; ++i) squares = fmaf(value(row + i), value(row + i), squares);
+    const float inv = 1.0f / sqrtf(squares / float(H) + eps);
+    const __m256 iv = _mm256_set1_ps(inv);
+    for (int64_t i = 0; i < H8; i += 8)
+        store8(out + i, _mm256_mul_ps(rounded8(_mm256_mul_ps(load8(row + i), iv), out), _mm256_loadu_ps(weight + i)));
+    for (int64_t i = H8; i < H; ++i) store(out + i, rounded(value(row + i) * inv, out) * weight[i]);
+}
+
+// The residual stream's step between sublayers, a row at a time for the team: x += add (rounded;
+// none without add), then out = norm(x) (none without weight)
+template <class Y>
+void add_norm(Y* x, const Y* add, const float* weight, int64_t M, int64_t H, float eps, Y* out) {
+    #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; ++m) {
-        const Y* row = x + m * H;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t i = 0; i < H8; i += 8) {
-            const __m256 v = load8(row + i);
-            acc = _mm256_fmadd_ps(v, v, acc);
-        }
-        float squares = hsum(acc);
-        for (int64_t i = H8; i < H; ++i) squares = fmaf(value(row + i), value(row + i), squares);
-        const float inv = 1.0f / sqrtf(squares / float(H) + eps);
-        const __m256 iv = _mm256_set1_ps(inv);
-        for (int64_t i = 0; i < H8; i += 8)
-            store8(out + m * H + i, _mm256_mul_ps(rounded8(_mm256_mul_ps(load8(row + i), iv), out),
-                                                  _mm256_loadu_ps(weight + i)));
-        for (int64_t i = H8; i < H; ++i) store(out + m * H + i, rounded(value(row + i) * inv, out) * weight[i]);
+        if (add) add_rounded(x + m * H, add + m * H, H);
+        if (weight) norm_row(x + m * H, weight, H, eps, out + m * H);
     }
 }
 
@@ -2034,48 +2093,81 @@ inline void rope_head(const Y* x, const float* cos, const float* sin, int64_t hd
 }
 
 template <class Y>
+struct Activations {  // one pass's intermediate rows, which the team shares
+    std::vector<Y> h, qkv, att, o, gu, act;
+    std::vector<float> q;
+    Activations(const Dims& s, int64_t M)
+        : h(M * s.hidden), qkv(M * (s.heads + 2 * s.kv_heads) * s.head_dim), att(M * s.heads * s.head_dim),
+          o(M * s.hidden), gu(M * 2 * s.intermediate), act(M * s.intermediate), q(M * s.heads * s.head_dim) {}
+};
+
+// Rows' rotary embedding: queries into q (float32), keys and values into the caches, a row at a time
+template <class Y>
+void rope_rows(const Dims& s, const Y* qkv, int64_t M, const float* cos, const float* sin, Y* keys, Y* values,
+               const int64_t* base, const int64_t* write, float* q) {
+    const int64_t hd = s.head_dim, nh = s.heads, nkv = s.kv_heads, QKV = (nh + 2 * nkv) * hd;
+    std::vector<float> rotated(hd);
+    #pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; ++m) {
+        const Y* row = qkv + m * QKV;
+        for (int64_t g = 0; g < nh; ++g) rope_head(row + g * hd, cos + m * hd, sin + m * hd, hd, q + (m * nh + g) * hd);
+        for (int64_t g = 0; g < nkv; ++g) {
+            const int64_t at = base[m] + g * s.head_stride + write[m] * s.pos_stride;
+            rope_head(row + (nh + g) * hd, cos + m * hd, sin + m * hd, hd, rotated.data());
+            for (int64_t d = 0; d < hd; ++d) store(keys + at + d, rotated[d]);
+            memcpy(values + at, row + (nh + nkv + g) * hd, hd * sizeof(Y));
+        }
+    }
+}
+
+// The layers for the team (every thread of the region calls it)
+template <class Y>
 int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const float* cos, const float* sin,
           Y* const* keys, Y* const* values, const int64_t* base, const int64_t* write, const int64_t* count,
-          const int64_t* start, const int64_t* index) {
+          const int64_t* start, const int64_t* index, Activations<Y>& a) {
     using W = typename std::conditional<std::is_same<Y, uint16_t>::value, Bf16, F32>::type;
     const int64_t H = s.hidden, hd = s.head_dim, nh = s.heads, nkv = s.kv_heads, I = s.intermediate;
-    const int64_t QKV = (nh + 2 * nkv) * hd;
-    std::vector<Y> h(M * H), qkv(M * QKV), att(M * nh * hd), o(M * H), gu(M * 2 * I), act(M * I);
-    std::vector<float> q(M * nh * hd), rotated(hd);
+    add_norm<Y>(x, nullptr, layers[0].norm_in, M, H, s.eps, a.h.data());
     for (int64_t l = 0; l < L; ++l) {
         const Layer& layer = layers[l];
-        rms_norm(x, layer.norm_in, M, H, s.eps, h.data());
-        if (project(layer.qkv, h.data(), M, H, qkv.data())) return 1;
-        for (int64_t m = 0; m < M; ++m) {
-            const Y* row = qkv.data() + m * QKV;
-            for (int64_t g = 0; g < nh; ++g) rope_head(row + g * hd, cos + m * hd, sin + m * hd, hd, q.data() + (m * nh + g) * hd);
-            for (int64_t g = 0; g < nkv; ++g) {
-                const int64_t at = base[m] + g * s.head_stride + write[m] * s.pos_stride;
-                rope_head(row + (nh + g) * hd, cos + m * hd, sin + m * hd, hd, rotated.data());
-                for (int64_t d = 0; d < hd; ++d) store(keys[l] + at + d, rotated[d]);
-                memcpy(values[l] + at, row + (nh + nkv + g) * hd, hd * sizeof(Y));
-            }
-        }
-        attend<W>(q.data(), keys[l], values[l], base, count, start, index, att.data(), M, nh, nkv, hd, s.pos_stride,
+        if (project(layer.qkv, a.h.data(), M, H, a.qkv.data())) return 1;
+        rope_rows(s, a.qkv.data(), M, cos, sin, keys[l], values[l], base, write, a.q.data());
+        attend<W>(a.q.data(), keys[l], values[l], base, count, start, index, a.att.data(), M, nh, nkv, hd, s.pos_stride,
                   s.head_stride, 1.0f / sqrtf(float(hd)));
-        if (project(layer.o, att.data(), M, nh * hd, o.data())) return 1;
-        add_rounded(x, o.data(), M * H);
-        rms_norm(x, layer.norm_post, M, H, s.eps, h.data());
-        if (project(layer.gate_up, h.data(), M, H, gu.data())) return 1;
-        #pragma omp parallel for schedule(static) if (M > 1)
+        if (project(layer.o, a.att.data(), M, nh * hd, a.o.data())) return 1;
+        add_norm(x, a.o.data(), layer.norm_post, M, H, s.eps, a.h.data());
+        if (project(layer.gate_up, a.h.data(), M, H, a.gu.data())) return 1;
+        #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; ++m)
-            silu_product(gu.data() + m * 2 * I, gu.data() + m * 2 * I + I, act.data() + m * I, I);
-        if (project(layer.down, act.data(), M, I, o.data())) return 1;
-        add_rounded(x, o.data(), M * H);
+            silu_product(a.gu.data() + m * 2 * I, a.gu.data() + m * 2 * I + I, a.act.data() + m * I, I);
+        if (project(layer.down, a.act.data(), M, I, a.o.data())) return 1;
+        // the residual, and the next layer's first norm with it
+        add_norm(x, a.o.data(), l + 1 < L ? layers[l + 1].norm_in : nullptr, M, H, s.eps, a.h.data());
     }
     return 0;
+}
+
+// stack() in one parallel region
+template <class Y>
+int stack_region(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const float* cos, const float* sin,
+                 Y* const* keys, Y* const* values, const int64_t* base, const int64_t* write, const int64_t* count,
+                 const int64_t* start, const int64_t* index) {
+    Activations<Y> a(s, M);
+    int failed = 0;
+    #pragma omp parallel
+    {
+        const int r = stack(layers, L, s, x, M, cos, sin, keys, values, base, write, count, start, index, a);
+        #pragma omp master
+        failed = r;
+    }
+    return failed;
 }
 
 }  // namespace
 
 extern "C" {
 
-int specdec_kernels_version() { return 16; }
+int specdec_kernels_version() { return 17; }
 
 // Which kernel bfloat16 weights with bfloat16 inputs go through: 0 tile() (AVX2 + FMA), 1 AMX
 // (asks Linux for the tile state first), 2 AVX-512 BF16 dot products (dp_linear; the caller checked
@@ -2144,11 +2236,17 @@ int linear_grouped(const void* x, int x_bf16, const void* q, int columns, int bi
                    const float* bias, void* y, int y_bf16, int64_t ldy, int64_t M, int64_t N, int64_t K) {
     const uint8_t* w = static_cast<const uint8_t*>(q);
     const GroupScales gs{scale, offset, scale_super, offset_super};
-    if (y_bf16)
-        return glinear_any(x, x_bf16 != 0, w, columns != 0, bits, is_signed, gs, G, bias, static_cast<uint16_t*>(y),
-                           ldy, M, N, K);
-    return glinear_any(x, x_bf16 != 0, w, columns != 0, bits, is_signed, gs, G, bias, static_cast<float*>(y), ldy,
-                       M, N, K);
+    int missing = 0;
+    #pragma omp parallel
+    {
+        const int r = y_bf16 ? glinear_any(x, x_bf16 != 0, w, columns != 0, bits, is_signed, gs, G, bias,
+                                           static_cast<uint16_t*>(y), ldy, M, N, K)
+                             : glinear_any(x, x_bf16 != 0, w, columns != 0, bits, is_signed, gs, G, bias,
+                                           static_cast<float*>(y), ldy, M, N, K);
+        #pragma omp master
+        missing = r;
+    }
+    return missing;
 }
 
 // caches in bfloat16 or float32; out float32 or bfloat16 (out_bf16)
@@ -2156,6 +2254,7 @@ int linear_grouped(const void* x, int x_bf16, const void* q, int columns, int bi
     void NAME(const float* q, const CACHE* k, const CACHE* v, const int64_t* base, const int64_t* count,    \
               const int64_t* start, const int64_t* index, void* out, int out_bf16, int64_t rows, int64_t nh, \
               int64_t nkv, int64_t hd, int64_t pos_stride, int64_t head_stride, float scale) {              \
+        _Pragma("omp parallel")                                                                             \
         if (out_bf16)                                                                                       \
             attend<W>(q, k, v, base, count, start, index, static_cast<uint16_t*>(out), rows, nh, nkv, hd,   \
                       pos_stride, head_stride, scale);                                                      \
@@ -2175,10 +2274,11 @@ int stack_forward(const Layer* layers, int64_t L, const Dims* dims, void* x, int
                   const float* cos, const float* sin, void* const* keys, void* const* values, const int64_t* base,
                   const int64_t* write, const int64_t* count, const int64_t* start, const int64_t* index) {
     if (x_bf16)
-        return stack(layers, L, *dims, static_cast<uint16_t*>(x), M, cos, sin, reinterpret_cast<uint16_t* const*>(keys),
-                     reinterpret_cast<uint16_t* const*>(values), base, write, count, start, index);
-    return stack(layers, L, *dims, static_cast<float*>(x), M, cos, sin, reinterpret_cast<float* const*>(keys),
-                 reinterpret_cast<float* const*>(values), base, write, count, start, index);
+        return stack_region(layers, L, *dims, static_cast<uint16_t*>(x), M, cos, sin,
+                            reinterpret_cast<uint16_t* const*>(keys), reinterpret_cast<uint16_t* const*>(values), base,
+                            write, count, start, index);
+    return stack_region(layers, L, *dims, static_cast<float*>(x), M, cos, sin, reinterpret_cast<float* const*>(keys),
+                        reinterpret_cast<float* const*>(values), base, write, count, start, index);
 }
 
 }  // extern "C"
