@@ -1,12 +1,12 @@
 """Two builds of the kernels' layer stack (rows.cpp stack_forward) over the same model in one
-process: ms per pass of 1 / 4 / 8 tokens after 200 cached, the runner's LayerStack pointed at each
+process: ms per pass of 1 / 4 / 8 tokens after 200 cached (or `cached`), the runner's LayerStack pointed at each
 library in turn (its output head stays on the running build), medians over rounds, so that the
 VM's bandwidth swings fall on both alike. First checks that both give the same bits: the logits of
 a 300-token prefill and of 1-, 4- and 8-token passes after it. Both libraries get the kernel variants this process
 chose. Build the old one from a checkout (python -c "from specdec.kernels import build;
 print(build._build(build._compiler()))").
 
-    python scripts/stack_ab.py OLD.so smollm2 int8 [rounds]
+    python scripts/stack_ab.py OLD.so smollm2 int8 [rounds] [cached]
 """
 import ctypes
 import statistics
@@ -33,6 +33,7 @@ def logits(runner) -> list[torch.Tensor]:
 def main() -> None:
     old_path, target, variant = sys.argv[1:4]
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 5
+    cached = int(sys.argv[5]) if len(sys.argv) > 5 else 200
     torch.set_num_threads(2)
     new = build.load()
     old = ctypes.CDLL(old_path)
@@ -53,7 +54,7 @@ def main() -> None:
         for name, lib in (("old", old), ("new", new)):
             stack.lib = lib
             for width in WIDTHS:
-                ms.setdefault((name, width), []).append(median_pass_ms(runner, width, 5))
+                ms.setdefault((name, width), []).append(median_pass_ms(runner, width, 5, cached=cached))
     for name in ("old", "new"):
         m = {w: statistics.median(ms[(name, w)]) for w in WIDTHS}
         costs = " ".join(f"T{w} {m[w]:.2f}" for w in WIDTHS)
