@@ -2146,6 +2146,7 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
           const int64_t* start, const int64_t* index, Activations<Y>& a) {
     using W = typename std::conditional<std::is_same<Y, uint16_t>::value, Bf16, F32>::type;
     const int64_t H = s.hidden, hd = s.head_dim, nh = s.heads, nkv = s.kv_heads, I = s.intermediate;
+    if (L == 0) return 0;
     add_norm<Y>(x, nullptr, layers[0].norm_in, M, H, s.eps, a.h.data());
     for (int64_t l = 0; l < L; ++l) {
         const Layer& layer = layers[l];
