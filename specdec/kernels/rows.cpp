@@ -38,10 +38,10 @@ namespace {
 // Threads: the kernels are written for a team (OpenMP worksharing without a parallel region of their
 // own: `omp for` shares a loop among the threads of the enclosing region, or runs it whole on the
 // one thread where there is none). A whole decoder stack runs in one region (stack_forward), its
-// steps separated by the worksharing loops' barriers (~0.5 us each on a 2-core EPYC) instead of a
-// region each (~1.2 us to start and end; ~240 a pass of 8 tokens on SmolLM2), and the steps that
-// ran on one thread while the others waited (rope, residual adds, rounding x to 8 bits) split among
-// them. The products' loops end without a barrier (nowait): project() waits once for all the parts
+// steps separated by the worksharing loops' barriers (0.2 us a bare barrier, 0.5 us a two-iteration
+// loop, on a 2-core EPYC Zen 5) instead of a region each (~1.2 us to start and end a loop's region;
+// ~240 a pass of 8 tokens on SmolLM2), and the steps that ran on one thread while the others waited
+// (rope, residual adds, rounding x to 8 bits) split among them. The products' loops end without a barrier (nowait): project() waits once for all the parts
 // of a fused projection. The C entry points open a region around one kernel. Who computes what never
 // changes a bit: every row's arithmetic is the same on any thread. (Measured, SmolLM2 in one process
 // against the build before, AMD EPYC Zen 5, 2 threads: int4 1- / 8-token passes 2.71 / 4.78 -> 2.56 /
