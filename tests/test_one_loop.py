@@ -57,3 +57,23 @@ def test_a_cancelled_stream_leaves_its_prompt_rows_for_the_next_request(model_di
     assert got.stats.cached_prompt_tokens >= len(decoder.tokenizer.encode(prompt)) - 2
     fresh = specdec.load(target=model_dir).generate(prompt + "    return", max_new_tokens=12, temperature=0)
     assert got.token_ids == fresh.token_ids and fresh.stats.cached_prompt_tokens == 0
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa", "draft", "ngram"])
+def test_a_drafting_request_leaves_its_prompt_rows_for_the_next_request(method):
+    """Prefix reuse after speculative steps: a last step's drafts kept past max_tokens leave the
+    cache at release (they kept every later prompt from reusing it), and EAGLE's head reads the
+    kept prefix's target features from the last request. Output as without reuse."""
+    warm = specdec.load(method=method, dtype="bfloat16", memory=False)
+    fresh = specdec.load(method=method, dtype="bfloat16", memory=False, reuse_prefix=False)
+    prompt = "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n\ndef fib"
+    prompt_tokens, drafted = len(warm.tokenizer.encode(prompt)), 0
+    for i, tokens in enumerate((13, 7, 20, 9)):
+        for sampling in (dict(temperature=0), dict(temperature=1.0, seed=5)):
+            got = warm.generate(prompt, max_new_tokens=tokens, **sampling)
+            want = fresh.generate(prompt, max_new_tokens=tokens, **sampling)
+            assert got.token_ids == want.token_ids and want.stats.cached_prompt_tokens == 0
+            assert got.stats.cached_prompt_tokens == (0 if i == 0 and sampling["temperature"] == 0
+                                                      else prompt_tokens - 1), (tokens, sampling)
+            drafted += got.stats.drafted_tokens
+    assert drafted > 0

@@ -22,19 +22,9 @@ first in the next step (so its logits come out of the same pass that scores the 
 finished sequence in the last slot leaves its cache there: the next prompt that shares its
 leading tokens skips them (prefix reuse, where the runner's rows are batch-invariant).
 
-K with several sequences: one per step for the whole batch (spec/control/batch_width.py), from
-the measured costs of batched passes and each sequence's acceptance (its own
-DraftLengthController); a sequence drafts min(K, what it can), and K is capped at max_rows // n
-- 1 for n sequences in the pass (attention pads to the widest). A fixed K (draft_tokens) is
-used as is.
-
-Drafting: `ngram` per sequence (no model); `draft` (when the decoder's method is draft) as one
-batched draft-model pass per draft position (proposers/batch_draft.py), the draft model
-holding a cache slot per sequence, in the target's slot numbers; tree methods (medusa, eagle)
-with a proposer per sequence (`fork`: the same head, its own features and cache), each
-sequence's tree sized by its own controller and verified in the shared pass (models/batch.py:
-each tree row at its depth's position, seeing its slot's cache and its ancestors). A decoder's
-batch offers `none`, `ngram` and its own method when batched, per sequence."""
+What each sequence drafts, and how much (one K for a batch's chains, a tree per tree-method
+sequence, a forked drafter per sequence where it has no batched form): batch_drafting.py. A
+decoder's batch offers `none`, `ngram` and its own method when batched, per sequence."""
 from __future__ import annotations
 
 import time
@@ -53,6 +43,7 @@ from specdec.models.one_slot import OneSlotRunner
 from specdec.sampling import SamplingParams
 from specdec.sampling.logprobs import token_logprobs
 from specdec.spec.control.base import Controller
+from specdec.spec.proposers.base import Proposer
 from specdec.spec.verify import tree_attention_mask
 from specdec.stats import StepRecord
 
@@ -89,6 +80,8 @@ class Scheduler:
         self.entries: list[BatchEntry] = []  # entries[b] is in slot b
         # a free slot's context whose all-but-last tokens its cache still holds (prefix reuse)
         self.held: list[list[int] | None] = [None] * max_batch
+        # the drafter holding the target's features of each held context (one that needs_hidden)
+        self.held_by: list[Proposer | None] = [None] * max_batch
         self.settled = True  # every slot's cache holds its tokens (no step failed midway)
         if calibrate:
             self.calibrate()
@@ -98,7 +91,7 @@ class Scheduler:
         (batch_drafting.BatchDrafting.calibrate)."""
         if self.entries:
             raise SpecdecError("calibrate an empty batch")
-        self.held = [None] * self.max_batch
+        self.held, self.held_by = [None] * self.max_batch, [None] * self.max_batch
         if self.max_batch == 1:  # a lone sequence's K comes from its controller: the runner's pass costs
             self.engine.calibrate()
             return
@@ -126,13 +119,17 @@ class Scheduler:
         entry = self.drafting.entry(seq, method)
         slot = len(self.entries)
         reused = self._reusable_prefix(slot, entry)
-        self.held[slot] = None
+        self.held[slot] = self.held_by[slot] = None
         self.runner.rollback(slot, reused)
         entry.prefilled = seq.stats.cached_prompt_tokens = reused
         if entry.proposer is not None:
             # in a batch a drafter reads the prompt at its first draft (a cross-vocabulary draft
             # prefills it then), which the batch's gate may never allow: plain steps pay nothing
-            entry.proposer.reset(seq.prompt_ids if self.max_batch == 1 else [])
+            prompt = seq.prompt_ids if self.max_batch == 1 else []
+            if entry.needs_hidden:  # the kept prefix's features: the last sequence's (_reusable_prefix)
+                entry.proposer.reset(prompt, kept_features=reused)
+            else:
+                entry.proposer.reset(prompt)
         if self.draft is not None:
             self.draft.reset(slot)
         self.entries.append(entry)
@@ -145,10 +142,17 @@ class Scheduler:
         earlier requests."""
         held, seq = self.held[slot], entry.seq
         if (not self.engine.reuse_prefix or held is None or seq.params.prompt_logprobs is not None
-                or entry.needs_hidden or not getattr(self.runner, "kv_rows_invariant", False)
+                or not getattr(self.runner, "kv_rows_invariant", False)
                 or self.runner.length(slot) != len(held) - 1):
             return 0
-        return shared_prefix(held, seq.prompt_ids, min(len(held), len(seq.prompt_ids)) - 1)
+        limit = min(len(held), len(seq.prompt_ids)) - 1
+        if entry.needs_hidden:  # a drafter that reads the target's features of every position (EAGLE)
+            features = entry.proposer.features_kept()
+            if features is not None:
+                if self.held_by[slot] is not entry.proposer:
+                    return 0  # those features left with another drafter (or were never kept)
+                limit = min(limit, features)
+        return shared_prefix(held, seq.prompt_ids, limit)
 
     def cancel(self, seq: Sequence) -> None:
         """Drop a sequence (finished or not) and free its slot."""
@@ -198,7 +202,10 @@ class Scheduler:
             self.entries[slot] = self.entries[last]
         self.entries.pop()
         keep = slot == last and self.settled and getattr(self.runner, "kv_rows_invariant", False)
+        if keep:  # a last step's drafts past max_tokens or a stop were kept in the cache, not the text
+            self.runner.rollback(last, min(self.runner.length(last), len(entry.seq.context) - 1))
         self.held[last] = entry.seq.context[:self.runner.length(last) + 1] if keep else None
+        self.held_by[last] = entry.proposer if keep and entry.needs_hidden else None
         if not keep:
             self.runner.rollback(last, 0)
         if self.draft is not None:

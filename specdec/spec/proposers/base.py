@@ -50,7 +50,10 @@ class Proposer(Protocol):
     tree_floor: int
 
     def reset(self, prompt_ids: list[int]) -> None:
-        """Start a new sequence."""
+        """Start a new sequence. A drafter that needs_hidden takes kept_features=n too: the
+        target kept the first n positions of its cache from the last sequence (prefix reuse), so
+        their features come from that sequence's (at most features_kept(), the leading positions
+        it still holds; None where it reads no earlier position's feature)."""
 
     def fork(self) -> Proposer:
         """A proposer for another sequence at once (continuous batching): the same weights,

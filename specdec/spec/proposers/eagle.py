@@ -49,6 +49,7 @@ class EagleProposer:
         self.tree_sizes = node_budgets(self.tree.nodes)
         self.max_len = max_len
         self.cache = head.new_cache(max_len + self.tree.depth * self.tree.expand + 8)
+        self.features: list[torch.Tensor] = []
         self.reset([])
 
     def fork(self) -> EagleProposer:
@@ -59,13 +60,24 @@ class EagleProposer:
         """The head and its cache (embedding and lm_head are the target's own)."""
         return tensor_bytes([*self.head.parameters(), *self.cache.keys, *self.cache.values]) + packed_bytes(self.head)
 
-    def reset(self, prompt_ids: list[int]) -> None:
+    def reset(self, prompt_ids: list[int], kept_features: int = 0) -> None:
+        """A new text whose first kept_features positions' target features are the last
+        text's (the target kept that prefix of its cache: the same tokens, the same bits). The
+        head reads them again at its first draft, as a fresh prompt's: its own cache never
+        carries over, so drafts never depend on earlier texts."""
+        kept = torch.cat(self.features)[:kept_features] if kept_features and self.features else None
         self.cache.rollback(0)
         self.committed = 0
-        self.pending = []
+        self.features = [] if kept is None else [kept]  # every position's feature so far, in order
+        self.pending = list(self.features)
         self.root_feature: torch.Tensor | None = None  # predicted feature of the pending token
 
+    def features_kept(self) -> int:
+        """Leading positions whose target features the last text left (reset may keep them)."""
+        return sum(f.shape[0] for f in self.features)
+
     def observe_target(self, hidden: torch.Tensor) -> None:
+        self.features.append(hidden)
         self.pending.append(hidden)  # read at the next draft (_catch_up), the prompt's too
 
     @torch.inference_mode()

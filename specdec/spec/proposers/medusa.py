@@ -85,8 +85,12 @@ class MedusaProposer:
         """A proposer for another sequence: the same heads, its own last hidden state."""
         return MedusaProposer(self.heads, self.lm_head, self.choices, self.tree_sizes)
 
-    def reset(self, prompt_ids: list[int]) -> None:
-        self.last_hidden = None
+    def reset(self, prompt_ids: list[int], kept_features: int = 0) -> None:
+        self.last_hidden = None  # the next pass's (a kept prefix's features are never read)
+
+    def features_kept(self) -> None:
+        """None: no earlier position's feature is read, so any cached prefix may be kept."""
+        return None
 
     def observe_target(self, hidden: torch.Tensor) -> None:
         self.last_hidden = hidden[-1]
