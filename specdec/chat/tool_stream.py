@@ -17,46 +17,16 @@ arguments object) and both carry the same ids. What streaming cannot do is take 
 a reply whose call turns out malformed after its first delta went out (cut short by
 max_tokens; with "auto", also bad JSON, which the grammar of "required" and named calls rules
 out) keeps the deltas sent, sends nothing more for it, and finishes with the engine's finish
-reason, where the non-streamed reply is that whole text as content.
-
-Over 300 lines: one character-level reader, whose parts all share its scanning state."""
+reason, where the non-streamed reply is that whole text as content. The JSON itself is read by
+call_reader.py."""
 from __future__ import annotations
 
-import hashlib
 import json
-from dataclasses import dataclass
 from typing import Protocol
 
+from specdec.chat.call_reader import SPACE, CallReader, Malformed
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-SPACE = " \t\n\r"  # JSON's whitespace
-
-
-def call_id(seed: str, index: int) -> str:
-    """A call's id: derived from the response (seed) and the call's index, so the streamed
-    and the parsed reading of one reply name each call alike."""
-    return "call_" + hashlib.sha256(f"{seed}:{index}".encode()).hexdigest()[:24]
-
-
-class Malformed(Exception):
-    """The text after <tool_call> is not (the beginning of) calls parse_calls accepts."""
-
-
-@dataclass
-class Call:
-    id: str
-    start: int  # where its object opens in the text
-    name: str | None = None
-    args_start: int | None = None
-    args_end: int | None = None
-    args_text: str | None = None  # set once the object closed: "{}" when it had no arguments
-    header_sent: bool = False
-    args_sent: int = 0  # characters of its arguments already sent
-
-    def unsent(self, text: str, scanned: int) -> str:
-        """The arguments' text written since the last fragment (all of it once the object closed)."""
-        if self.args_text is not None:
-            return self.args_text[self.args_sent:]
-        return "" if self.args_start is None else text[self.args_start + self.args_sent:self.args_end or scanned]
 
 
 class OfferedTools(Protocol):
@@ -75,22 +45,14 @@ class CallStream:
     ("arguments", index, fragment); after finish, `ok` says whether the reply called tools."""
 
     def __init__(self, settings: OfferedTools, seed: str):
-        self.names = {t.name for t in settings.tools}
+        self.reader = CallReader({t.name for t in settings.tools}, seed)
+        self.calls = self.reader.calls
         self.parallel = settings.parallel
-        self.seed = seed
         self.text = ""
         self.mode = "content"  # -> "calls" at <tool_call> -> "after" the JSON; "plain" | "broken" on failure
         self.sent = 0  # content characters released
         self.open_at = -1
         self.pos = 0  # next character to scan
-        self.stack: list[str] = []  # open brackets of the JSON
-        self.string_at = -1  # where the string being read opened (-1: not in a string)
-        self.escaped = False
-        self.expect = "start"  # what the call-level JSON needs next
-        self.key: str | None = None
-        self.keys: set[str] = set()
-        self.calls: list[Call] = []
-        self.body_end = -1
         self.ok = False
 
     # ------------------------------------------------------------ public
@@ -149,7 +111,8 @@ class CallStream:
     def _scan(self) -> list[tuple]:
         try:
             while self.pos < len(self.text) and self.mode == "calls":
-                self._char(self.text[self.pos])
+                if self.reader.read(self.text, self.pos):
+                    self.mode = "after"
                 self.pos += 1
             if self.mode == "after" and not self._may_close():
                 raise Malformed
@@ -157,133 +120,19 @@ class CallStream:
             return self._fail()
         return self._released() if self.mode in ("calls", "after") else []
 
-    def _char(self, c: str) -> None:
-        if self.string_at >= 0:
-            if self.escaped:
-                self.escaped = False
-            elif c == "\\":
-                self.escaped = True
-            elif c == '"':
-                self._string(self.text[self.string_at:self.pos + 1])
-                self.string_at = -1
-        elif c == '"':
-            self.string_at = self.pos
-        elif c in "[{":
-            self._open(c)
-        elif c in "]}":
-            self._close(c)
-        elif c in ",:":
-            self._punctuation(c)
-        elif c not in SPACE:
-            self._scalar()
-
-    def _member_depth(self) -> int:
-        """The depth of a call object's members: 2 inside a list of calls, 1 for a lone call."""
-        return 2 if self.stack[:1] == ["["] else 1
-
-    def _at_members(self) -> bool:
-        return bool(self.stack) and len(self.stack) == self._member_depth()
-
-    def _open(self, c: str) -> None:
-        depth = len(self.stack)
-        if depth == 0:  # the body: a list of calls, or one call
-            _need(self.expect == "start")
-            if c == "{":
-                self._start_call()
-            else:
-                self.expect = "element"
-        elif depth == 1 and self.stack[0] == "[":
-            _need(c == "{" and self.expect == "element")
-            self._start_call()
-        elif depth == self._member_depth():  # a member's value
-            _need(self.expect == "value")
-            if self.key == "arguments":
-                _need(c == "{")
-                self.calls[-1].args_start = self.pos
-            _need(self.key != "name")
-            self.expect = "after"
-        self.stack.append(c)
-
-    def _start_call(self) -> None:
-        self.calls.append(Call(call_id(self.seed, len(self.calls)), self.pos))
-        self.expect, self.key, self.keys = "key", None, set()
-
-    def _close(self, c: str) -> None:
-        _need(bool(self.stack) and self.stack.pop() == {"]": "[", "}": "{"}[c])
-        depth = len(self.stack)
-        call = self.calls[-1] if self.calls else None
-        if depth == self._member_depth() and call is not None and call.args_start is not None \
-                and call.args_end is None:
-            call.args_end = self.pos + 1
-        elif depth == self._member_depth() - 1 and c == "}":
-            _need(self.expect == "after" or (self.expect == "key" and not self.keys))
-            self._end_call(call)
-        elif depth == 0:  # the list of calls
-            _need(self.expect == "separator")
-        if depth == 0:
-            self.mode, self.body_end = "after", self.pos + 1
-
-    def _end_call(self, call: Call) -> None:
-        """A call object closed: it must be JSON naming a tool, its arguments an object."""
-        try:
-            obj = json.loads(self.text[call.start:self.pos + 1])
-        except ValueError:
-            raise Malformed from None
-        _need(call.name is not None and isinstance(obj.get("arguments", {}), dict))
-        call.args_text = self.text[call.args_start:call.args_end] if call.args_start is not None else "{}"
-        self.expect = "separator"
-
-    def _string(self, raw: str) -> None:
-        if not self._at_members():
-            _need(len(self.stack) > self._member_depth())  # a string inside some member's value
-            return
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            raise Malformed from None
-        if self.expect == "key":
-            _need(value not in self.keys or value not in ("name", "arguments"))
-            self.key = value
-            self.keys.add(value)
-            self.expect = "colon"
-            return
-        _need(self.expect == "value" and self.key != "arguments")
-        if self.key == "name":
-            _need(value in self.names)
-            self.calls[-1].name = value
-        self.expect = "after"
-
-    def _punctuation(self, c: str) -> None:
-        depth = len(self.stack)
-        if depth > self._member_depth():
-            return
-        if depth == self._member_depth():
-            _need((c, self.expect) in ((":", "colon"), (",", "after")))
-            self.expect = "value" if c == ":" else "key"
-        else:
-            _need(c == "," and self.expect == "separator" and depth == 1)
-            self.expect = "element"
-
-    def _scalar(self) -> None:
-        """A number, true, false or null: only inside values, never a name or arguments."""
-        if len(self.stack) > self._member_depth():
-            return
-        _need(self._at_members() and (self.expect == "value" and self.key not in ("name", "arguments")
-                                      or self.expect == "after" and self.text[self.pos - 1] not in SPACE + ",:"))
-        self.expect = "after"
 
     # ------------------------------------------------------------ after the JSON
 
     def _may_close(self) -> bool:
         """Whether the text after the JSON can still become whitespace and </tool_call>."""
-        rest = self.text[self.body_end:].lstrip(SPACE)
+        rest = self.text[self.reader.body_end:].lstrip(SPACE)
         return rest.startswith(CLOSE) or CLOSE.startswith(rest)
 
     def _closed_properly(self) -> bool:
         """parse_calls' rule: whitespace, then </tool_call> or the end of the reply."""
-        rest = self.text[self.body_end:].lstrip(SPACE)
+        rest = self.text[self.reader.body_end:].lstrip(SPACE)
         try:
-            json.loads(self.text[self.open_at + len(OPEN):self.body_end])
+            json.loads(self.text[self.open_at + len(OPEN):self.reader.body_end])
         except ValueError:
             return False
         return rest == "" or rest.startswith(CLOSE)
@@ -302,11 +151,6 @@ class CallStream:
                 events.append(("arguments", j, fragment))
                 call.args_sent += len(fragment)
         return events
-
-
-def _need(condition: bool) -> None:
-    if not condition:
-        raise Malformed
 
 
 def _content_end(text: str, sent: int) -> int:

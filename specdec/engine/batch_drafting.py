@@ -13,7 +13,7 @@ from specdec.engine.core import Engine
 from specdec.engine.sequence import Sequence
 from specdec.errors import SpecdecError
 from specdec.models.batch import BatchRunner
-from specdec.models.cache import PassPlan
+from specdec.spec.calibrate import measure_batch_costs
 from specdec.spec.control.batch_width import BatchDraftLength
 from specdec.spec.control.draft_length import DraftLengthController
 from specdec.spec.control.forked_gate import ForkedGate
@@ -79,48 +79,9 @@ class BatchDrafting:
         self.width = BatchDraftLength()  # the batch's K (unless the engine fixes K)
         self.gate = ForkedGate(self.width)  # whether forked drafters draft at all this step
 
-    def calibrate(self, runner: BatchRunner, max_batch: int, exact: bool, filler: int, context: int = 8,
-                  repeats: int = 2) -> None:
-        """Time (and warm up) batched target passes over 1, 2, 4, ... max_rows rows (n
-        sequences of `context` filler tokens, n * width = rows) and, for the draft model,
-        batched draft passes over 1, 2, 4, ... sequences: the batch's K starts from these
-        costs. The batch must be empty; its slots are empty again after."""
-        prefix = [filler] * context
-        for slot in range(max_batch):
-            runner.extend_slot(slot, prefix, want_logits=False)
-            if self.draft is not None:
-                self.draft.prefill(slot, prefix)
-
-        def best(fn, *args) -> float:
-            fn(*args)  # warm-up
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                fn(*args)
-                times.append(time.perf_counter() - t0)
-            return min(times)
-
-        def target_pass(n: int, width: int) -> None:
-            runner.forward(PassPlan([[filler] * width] * n, [exact] * n))
-            for slot in range(n):
-                runner.rollback(slot, context)
-
-        def draft_pass(n: int) -> None:
-            self.draft.runner.forward(PassPlan([[filler]] * n, want_hidden=False))
-            for slot in range(n):
-                self.draft.runner.rollback(slot, context)
-
-        rows = 1
-        while rows <= self.max_rows:
-            n = min(max_batch, rows)
-            self.width.target.observe(n * (rows // n), best(target_pass, n, rows // n))
-            if self.draft is not None and rows <= max_batch:
-                self.width.draft.observe(rows, best(draft_pass, rows))
-            rows *= 2
-        for slot in range(max_batch):
-            runner.rollback(slot, 0)
-            if self.draft is not None:
-                self.draft.reset(slot)
+    def calibrate(self, runner: BatchRunner, max_batch: int, exact: bool, filler: int) -> None:
+        """The batch's K starts from timed batched passes (spec/calibrate.py); the batch must be empty."""
+        measure_batch_costs(runner, self.draft, self.width, max_batch, self.max_rows, exact, filler)
 
     @property
     def method(self) -> str:

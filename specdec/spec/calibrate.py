@@ -10,9 +10,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.models.batch import BatchRunner
+from specdec.models.cache import PassPlan
 from specdec.models.runner import Runner
 from specdec.sampling import SamplingParams, make_generator
+from specdec.spec.control.batch_width import BatchDraftLength
 from specdec.spec.proposers.base import Proposer
+from specdec.spec.proposers.batch_draft import BatchDraftModel
 from specdec.spec.verify import tree_attention_mask
 
 WARM_PROMPT = 8  # dummy context length; decoding costs barely depend on it at these sizes
@@ -85,3 +89,42 @@ def measure_pass_costs(target: Runner, proposer: Proposer | None, max_k: int, fi
     return costs
 
 
+
+
+def measure_batch_costs(runner: BatchRunner, draft: BatchDraftModel | None, width: BatchDraftLength, max_batch: int,
+                        max_rows: int, exact: bool, filler: int, context: int = WARM_PROMPT, repeats: int = 2) -> None:
+    """Time (and warm up) batched target passes over 1, 2, 4, ... max_rows rows (n sequences
+    of `context` filler tokens, n * width = rows) and, with a draft model, batched draft passes
+    over 1, 2, 4, ... sequences, into width's cost tables (a batch's K starts from them).
+    runner's slots (and draft's) must be empty; they are empty again after."""
+    prefix = [filler] * context
+    for slot in range(max_batch):
+        runner.extend_slot(slot, prefix, want_logits=False)
+        if draft is not None:
+            draft.prefill(slot, prefix)
+
+    def best(fn, *args) -> float:
+        fn(*args)  # warm-up
+        return min(_timed(lambda: fn(*args)) for _ in range(repeats))
+
+    def target_pass(n: int, width: int) -> None:
+        runner.forward(PassPlan([[filler] * width] * n, [exact] * n))
+        for slot in range(n):
+            runner.rollback(slot, context)
+
+    def draft_pass(n: int) -> None:
+        draft.runner.forward(PassPlan([[filler]] * n, want_hidden=False))
+        for slot in range(n):
+            draft.runner.rollback(slot, context)
+
+    rows = 1
+    while rows <= max_rows:
+        n = min(max_batch, rows)
+        width.target.observe(n * (rows // n), best(target_pass, n, rows // n))
+        if draft is not None and rows <= max_batch:
+            width.draft.observe(rows, best(draft_pass, rows))
+        rows *= 2
+    for slot in range(max_batch):
+        runner.rollback(slot, 0)
+        if draft is not None:
+            draft.reset(slot)
