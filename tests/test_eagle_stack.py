@@ -40,3 +40,44 @@ def test_the_head_on_the_stack_matches_its_pytorch_layer(dtype):
     assert torch.allclose(a1.float(), a2.float(), **tol)
     assert torch.allclose(b1.float(), b2.float(), **tol)
     assert torch.allclose(k1.float(), k2.float(), **tol)
+
+
+@pytest.mark.skipif(build.load() is None, reason=f"kernels unavailable: {build.unavailable()}")
+def test_a_head_rounded_to_4bit_predicts_what_its_float_weights_nearly_do():
+    """round_to_4bit: every projection on the grouped kernels, the layer on the grouped stack, a
+    fraction of the bytes; its predicted features close to the float head's (a draft: only its
+    acceptance depends on them)."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2)
+    dense = EagleHead(config, draft_vocab=32).to(torch.bfloat16).eval()
+    rounded = copy.deepcopy(dense).pack_weights()
+    dense.pack_weights()
+    assert rounded.round_to_4bit() and rounded.four_bit and not dense.four_bit
+    projections = (rounded.fc, rounded.lm_head, rounded.layer.self_attn.qkv, rounded.layer.mlp.down_proj)
+    assert all(type(lin).__name__ == "GroupedLinear" for lin in projections)
+    feats, embeds = (torch.randn(1, 9, 64).to(torch.bfloat16) for _ in range(2))
+    with torch.inference_mode():
+        want, got = (head(feats, embeds, torch.arange(9), head.new_cache(16)) for head in (dense, rounded))
+    assert got.shape == want.shape and torch.isfinite(got.float()).all()
+    error = (got.float() - want.float()).norm() / want.float().norm()
+    assert 0 < error < 0.2, error  # rounded (not the float weights), yet close
+    unpacked = EagleHead(config).to(torch.bfloat16).eval()
+    assert not unpacked.round_to_4bit() and not unpacked.four_bit  # the stack needs the packed head
+
+
+def test_draft_4bit_rounds_the_eagle_head_by_default_and_output_stays_plain_decodings():
+    """--draft-4bit for EAGLE (on by default where the kernels take the head): greedy output is
+    plain decoding's either way; --draft-4bit on a Medusa head is refused with a clear error."""
+    import specdec
+    from specdec.errors import SpecdecError
+
+    prompt = "def fib(n):\n    if n < 2:\n        return n\n"
+    plain = specdec.load(dtype="bfloat16").generate(prompt, max_new_tokens=24).token_ids
+    for option in (None, False):
+        decoder = specdec.load(method="eagle", dtype="bfloat16", draft_4bit=option, memory=False)
+        assert decoder.engine.proposer.head.four_bit == (option is None and build.load() is not None)
+        result = decoder.generate(prompt, max_new_tokens=24)
+        assert result.token_ids == plain and result.stats.drafted_tokens > 0
+    with pytest.raises(SpecdecError, match="not a medusa head"):
+        specdec.load(method="medusa", dtype="bfloat16", draft_4bit=True)

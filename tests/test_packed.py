@@ -74,7 +74,7 @@ def test_load_packs_by_default_and_no_pack_keeps_the_memory():
     import specdec
     from specdec.cli.common import add_model_args
 
-    packed = specdec.load(method="eagle", dtype="bfloat16", calibrate=False)
+    packed = specdec.load(method="eagle", dtype="bfloat16", calibrate=False, draft_4bit=False)  # a dense head, packed
     plain = specdec.load(method="eagle", dtype="bfloat16", calibrate=False, pack=False)
     assert packed_bytes(packed.engine.target.model) > 0 and packed_bytes(packed.engine.proposer.head) > 0
     assert packed_bytes(plain.engine.target.model) == 0 and packed_bytes(plain.engine.proposer.head) == 0

@@ -55,8 +55,9 @@ def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHOD
                         "target tokens, sampling uses the shared tokens (token-level intersection); 'tli' = "
                         "the shared tokens always; 'string' = as auto (string-level is exact at T=0 only)")
     p.add_argument("--draft-4bit", action=argparse.BooleanOptionalAction, default=None,
-                   help="round a GGUF draft's one-value-a-byte projections (Q5_0, Q8_0, Q6_K) to 4 bits: a "
-                        "cheaper draft pass (default on for GGUF drafts); lossless")
+                   help="round a GGUF draft's one-value-a-byte projections (Q5_0, Q8_0, Q6_K), or an EAGLE "
+                        "head's, to 4 bits: a cheaper draft pass (default on for GGUF drafts and EAGLE heads); "
+                        "lossless")
     p.add_argument("--draft-vocab", type=int, default=0, metavar="N",
                    help="cut a GGUF draft's output head to its N most frequent tokens in Python code (0, the "
                         "default: all): a cheaper draft pass (Qwen 0.5B, 32768: 17 vs 20.5 ms a drafted token); "

@@ -58,8 +58,9 @@ class DecoderConfig:
     # setup on this machine and leave what they learn (control/memory.py); a path: that file;
     # False: nothing kept. Output never depends on it.
     memory: bool | str | Path = True
-    # a GGUF draft's one-value-a-byte projections rounded to 4 bits (None: on for drafts on a
-    # GGUF's blocks): a cheaper draft pass, lossless as any draft
+    # a GGUF draft's one-value-a-byte projections, or an EAGLE head's, rounded to 4 bits (None: on
+    # for drafts on a GGUF's blocks and for EAGLE heads the kernels take): a cheaper draft pass,
+    # lossless as any draft
     draft_4bit: bool | None = None
     # keep the cache entries of a prompt's leading tokens that the previous generation left where
     # they are bit for bit what a fresh prefill writes (models on a GGUF's blocks)

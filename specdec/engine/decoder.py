@@ -223,7 +223,8 @@ def _load(config: DecoderConfig) -> SpecDecoder:
         if draft_path is None:
             raise SpecdecError(f"method {c.method!r} needs a {c.method} head folder (--draft DIR): none is "
                                "shipped for this target")
-        proposer = head_proposer(c.method, draft_path, target_runner, c.tree_nodes, c.pack, c.tree_lookup is not False)
+        proposer = head_proposer(c.method, draft_path, target_runner, c.tree_nodes, c.pack, c.tree_lookup is not False,
+                                 c.draft_4bit)
     elif c.draft is not None:
         raise SpecdecError(f"a draft model was given but method is {c.method!r}; use method 'draft'")
     exact = c.exact if c.exact is not None else default_exact(c.dtype, c.compile)
@@ -232,6 +233,7 @@ def _load(config: DecoderConfig) -> SpecDecoder:
     setup = (f"{model_identity(target_path)}|{c.method}|{model_identity(draft_path)}|{c.dtype}|{c.backend}|"
              f"exact={exact}|{quantize}/{c.group_size}|pack={c.pack}|compile={c.compile}|{c.cross_vocab}|"
              f"nodes={c.tree_nodes}|max_k={c.max_draft_tokens}|draft_vocab={c.draft_vocab}"
+             + ("|4bit_head" if getattr(getattr(proposer, "head", None), "four_bit", False) else "")
              + (f"|lookup={getattr(proposer, 'lookup', None) is not None}" if c.method in ("eagle", "draft") else ""))
     engine = Engine(target_runner, tokenizer, proposer, c.method, target_eos,
                     max_draft_tokens=c.draft_tokens or c.max_draft_tokens, fixed_draft_tokens=c.draft_tokens,

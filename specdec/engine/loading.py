@@ -82,10 +82,11 @@ def eos_token_ids(folder: str | Path) -> tuple[int, ...]:
 
 
 def head_proposer(method: str, folder: Path, target_runner, tree_nodes: int | None, pack: bool = True,
-                  lookup: bool = True):
+                  lookup: bool = True, four_bit: bool | None = None):
     """Medusa or EAGLE proposer on top of the target's own embedding and lm_head; pack: the
     head's weights packed for oneDNN, like its target's (models/packed.py); lookup: EAGLE's
-    greedy trees also hold the prompt-lookup chain."""
+    greedy trees also hold the prompt-lookup chain; four_bit (--draft-4bit): an EAGLE head's
+    projections rounded to 4 bits (EagleHead.round_to_4bit; None: where the kernels take them)."""
     from specdec.spec.proposers.eagle import EagleProposer, TreeShape
     from specdec.spec.proposers.eagle_head import load_eagle
     from specdec.spec.proposers.medusa import MedusaProposer, load_medusa
@@ -94,8 +95,14 @@ def head_proposer(method: str, folder: Path, target_runner, tree_nodes: int | No
     cfg = model.config
     loader = load_medusa if method == "medusa" else load_eagle
     head, meta = loader(folder, model.dtype)
+    if four_bit and (method != "eagle" or not pack):
+        raise SpecdecError("--draft-4bit rounds a draft model on a GGUF's blocks or a packed EAGLE head, "
+                           f"not a {method} head" + ("" if pack else " left unpacked (--no-pack)"))
     if pack:
         head.pack_weights()
+    if method == "eagle" and pack and four_bit is not False and not head.round_to_4bit() and four_bit:
+        raise SpecdecError(f"--draft-4bit: the grouped kernels do not take the EAGLE head in {str(folder)!r} "
+                           "(its widths must be multiples of 32, its dtype bfloat16 or float32, the kernels built)")
     hidden = meta.get("hidden_size") or meta["head_config"]["hidden_size"]
     vocab = meta.get("target_vocab_size", cfg.vocab_size)
     if hidden != cfg.hidden_size or vocab != cfg.vocab_size:

@@ -74,7 +74,8 @@ def group_quantizable(model, mode: str, group_size: int) -> str | None:
     return None
 
 
-def _replacement(linear, mode: str) -> GroupedLinear:
+def grouped_linear(linear, mode: str) -> GroupedLinear:
+    """A float projection (nn.Linear, PackedLinear or a fused one) rounded to `mode` for the grouped kernels."""
     weight = linear.weight.detach()
     sizes = getattr(linear, "sizes", None)
     pieces = weight.split(sizes) if sizes else [weight]
@@ -86,7 +87,7 @@ def group_quantize_model(model, mode: str) -> None:
     """Replace a fused LlamaModel's projections (q/k/v, o, gate/up, down, lm_head) by
     GroupedLinear in `mode`, in place, and run its layers on the grouped stack. The float
     weights are dropped; the embedding stays in the model dtype (a lookup reads one row)."""
-    replace_projections(model, lambda linear: _replacement(linear, mode))
+    replace_projections(model, lambda linear: grouped_linear(linear, mode))
     model.stack = grouped_stack(model)
     if model.stack is None:
         raise SpecdecError(f"the grouped kernels did not take this model's {mode} projections")

@@ -58,7 +58,8 @@ class EagleProposer:
 
     def memory_bytes(self) -> int:
         """The head and its cache (embedding and lm_head are the target's own)."""
-        return tensor_bytes([*self.head.parameters(), *self.cache.keys, *self.cache.values]) + packed_bytes(self.head)
+        return (tensor_bytes([*self.head.parameters(), *self.head.buffers(), *self.cache.keys, *self.cache.values])
+                + packed_bytes(self.head))
 
     def reset(self, prompt_ids: list[int], kept_features: int = 0) -> None:
         """A new text whose first kept_features positions' target features are the last
