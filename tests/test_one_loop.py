@@ -77,3 +77,22 @@ def test_a_drafting_request_leaves_its_prompt_rows_for_the_next_request(method):
                                                       else prompt_tokens - 1), (tokens, sampling)
             drafted += got.stats.drafted_tokens
     assert drafted > 0
+
+
+def test_eagle_keeps_its_head_rows_of_a_reused_prefix_and_drafts_as_after_a_fresh_read():
+    """A 4-bit head's rows have the same bits in any pass, so the rows of a reused prefix stay in
+    its cache (not read again at the first draft) and the drafts are a fresh decoder's."""
+    warm = specdec.load(method="eagle", dtype="bfloat16", memory=False, draft_tokens=4)
+    fresh = specdec.load(method="eagle", dtype="bfloat16", memory=False, draft_tokens=4, reuse_prefix=False)
+    assert warm.engine.proposer.head.row_invariant
+    prompt = "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n\ndef fact"
+    first = warm.generate(prompt, max_new_tokens=12)
+    proposer, reads = warm.engine.proposer, []
+    feed = proposer._feed
+    proposer._feed = lambda feats, context: (reads.append(feats.shape[0]), feed(feats, context))[1]
+    got = warm.generate(prompt + first.text, max_new_tokens=12)
+    want = fresh.generate(prompt + first.text, max_new_tokens=12)
+    assert got.token_ids == want.token_ids and got.stats.cached_prompt_tokens > 0
+    assert (got.stats.drafted_tokens, got.stats.accepted_tokens) == (want.stats.drafted_tokens,
+                                                                     want.stats.accepted_tokens)
+    assert got.stats.drafted_tokens > 0 and reads[0] < got.stats.cached_prompt_tokens  # the kept rows not read again

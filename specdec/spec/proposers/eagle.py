@@ -64,13 +64,15 @@ class EagleProposer:
     def reset(self, prompt_ids: list[int], kept_features: int = 0) -> None:
         """A new text whose first kept_features positions' target features are the last
         text's (the target kept that prefix of its cache: the same tokens, the same bits). The
-        head reads them again at its first draft, as a fresh prompt's: its own cache never
-        carries over, so drafts never depend on earlier texts."""
+        head's own cache keeps its rows of that prefix where each row has the bits a fresh read
+        writes (EagleHead.row_invariant; row i also read token i + 1, so one row fewer); else
+        the head reads the prefix again at its first draft. Drafts never depend on earlier texts."""
         kept = torch.cat(self.features)[:kept_features] if kept_features and self.features else None
-        self.cache.rollback(0)
-        self.committed = 0
+        rows = min(self.committed, kept_features - 1) if kept is not None and self.head.row_invariant else 0
+        self.cache.rollback(rows)
+        self.committed = rows
         self.features = [] if kept is None else [kept]  # every position's feature so far, in order
-        self.pending = list(self.features)
+        self.pending = [] if kept is None else [kept[rows:]]
         self.root_feature: torch.Tensor | None = None  # predicted feature of the pending token
 
     def features_kept(self) -> int:

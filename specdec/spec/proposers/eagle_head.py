@@ -87,6 +87,12 @@ class EagleHead(nn.Module):
         self.four_bit = True
         return True
 
+    @property
+    def row_invariant(self) -> bool:
+        """Whether every row of a head pass has the same bits however many rows the pass holds:
+        rounded to 4 bits, each projection and the layer run on kernels built so."""
+        return self.four_bit
+
     def new_cache(self, max_len: int) -> KVCache:
         c = self.config
         w = self.norm.weight  # in the head's dtype, rounded projections or not
