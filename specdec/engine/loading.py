@@ -96,8 +96,8 @@ def head_proposer(method: str, folder: Path, target_runner, tree_nodes: int | No
     loader = load_medusa if method == "medusa" else load_eagle
     head, meta = loader(folder, model.dtype)
     if four_bit and (method != "eagle" or not pack):
-        raise SpecdecError("--draft-4bit rounds a draft model on a GGUF's blocks or a packed EAGLE head, "
-                           f"not a {method} head" + ("" if pack else " left unpacked (--no-pack)"))
+        what = "an EAGLE head left unpacked (--no-pack)" if method == "eagle" else f"a {method} head"
+        raise SpecdecError(f"--draft-4bit rounds a draft model on a GGUF's blocks or a packed EAGLE head, not {what}")
     if pack:
         head.pack_weights()
     if method == "eagle" and pack and four_bit is not False and not head.round_to_4bit() and four_bit:
