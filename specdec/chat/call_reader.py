@@ -38,6 +38,7 @@ class Call:
             return self.args_text[self.args_sent:]
         return "" if self.args_start is None else text[self.args_start + self.args_sent:self.args_end or scanned]
 
+
 class CallReader:
     """The calls read so far (`calls`), and where the JSON closed (`body_end`; -1 while open)."""
 

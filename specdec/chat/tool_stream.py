@@ -120,7 +120,6 @@ class CallStream:
             return self._fail()
         return self._released() if self.mode in ("calls", "after") else []
 
-
     # ------------------------------------------------------------ after the JSON
 
     def _may_close(self) -> bool:

@@ -100,9 +100,11 @@ def head_proposer(method: str, folder: Path, target_runner, tree_nodes: int | No
         raise SpecdecError(f"--draft-4bit rounds a draft model on a GGUF's blocks or a packed EAGLE head, not {what}")
     if pack:
         head.pack_weights()
-    if method == "eagle" and pack and four_bit is not False and not head.round_to_4bit() and four_bit:
-        raise SpecdecError(f"--draft-4bit: the grouped kernels do not take the EAGLE head in {str(folder)!r} "
-                           "(its widths must be multiples of 32, its dtype bfloat16 or float32, the kernels built)")
+    if method == "eagle" and pack and four_bit is not False:
+        rounded = head.round_to_4bit()
+        if four_bit and not rounded:
+            raise SpecdecError(f"--draft-4bit: the grouped kernels do not take the EAGLE head in {str(folder)!r} (its "
+                               "widths must be multiples of 32, its dtype bfloat16 or float32, the kernels built)")
     hidden = meta.get("hidden_size") or meta["head_config"]["hidden_size"]
     vocab = meta.get("target_vocab_size", cfg.vocab_size)
     if hidden != cfg.hidden_size or vocab != cfg.vocab_size:
