@@ -2143,11 +2143,10 @@ void rope_rows(const Dims& s, const Y* qkv, int64_t M, const float* cos, const f
 template <class Y>
 int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const float* cos, const float* sin,
           Y* const* keys, Y* const* values, const int64_t* base, const int64_t* write, const int64_t* count,
-          const int64_t* start, const int64_t* index, Activations<Y>& a) {
+          const int64_t* start, const int64_t* index, const float* final_norm, Activations<Y>& a) {
     using W = typename std::conditional<std::is_same<Y, uint16_t>::value, Bf16, F32>::type;
     const int64_t H = s.hidden, hd = s.head_dim, nh = s.heads, nkv = s.kv_heads, I = s.intermediate;
-    if (L == 0) return 0;
-    add_norm<Y>(x, nullptr, layers[0].norm_in, M, H, s.eps, a.h.data());
+    add_norm<Y>(x, nullptr, L > 0 ? layers[0].norm_in : final_norm, M, H, s.eps, a.h.data());  // no layers: the final norm
     for (int64_t l = 0; l < L; ++l) {
         const Layer& layer = layers[l];
         if (project(layer.qkv, a.h.data(), M, H, a.qkv.data())) return 1;
@@ -2161,8 +2160,12 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
         for (int64_t m = 0; m < M; ++m)
             silu_product(a.gu.data() + m * 2 * I, a.gu.data() + m * 2 * I + I, a.act.data() + m * I, I);
         if (project(layer.down, a.act.data(), M, I, a.o.data())) return 1;
-        // the residual, and the next layer's first norm with it
-        add_norm(x, a.o.data(), l + 1 < L ? layers[l + 1].norm_in : nullptr, M, H, s.eps, a.h.data());
+        // the residual, and the next layer's first norm with it (after the last, the final norm)
+        add_norm(x, a.o.data(), l + 1 < L ? layers[l + 1].norm_in : final_norm, M, H, s.eps, a.h.data());
+    }
+    if (final_norm) {  // x becomes the final hidden states (the residual is not needed after)
+        #pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; ++m) memcpy(x + m * H, a.h.data() + m * H, H * sizeof(Y));
     }
     return 0;
 }
@@ -2171,12 +2174,13 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
 template <class Y>
 int stack_region(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const float* cos, const float* sin,
                  Y* const* keys, Y* const* values, const int64_t* base, const int64_t* write, const int64_t* count,
-                 const int64_t* start, const int64_t* index) {
+                 const int64_t* start, const int64_t* index, const float* final_norm) {
     Activations<Y> a(s, M);
     int failed = 0;
     #pragma omp parallel
     {
-        const int r = stack(layers, L, s, x, M, cos, sin, keys, values, base, write, count, start, index, a);
+        const int r = stack(layers, L, s, x, M, cos, sin, keys, values, base, write, count, start, index, final_norm,
+                            a);
         #pragma omp master
         failed = r;
     }
@@ -2288,17 +2292,21 @@ ATTEND(attend_f32, F32, float)
 // decoder layers [0, L) over x [M, hidden] (the residual stream, float32 or bfloat16 as the
 // caches, updated in place); cos and sin [M, head_dim] float32 (sin's first half negated);
 // row m writes its key and value at cache position write[m] of the sequence at base[m] and
-// attends as attend() does (count, start, index). 1 if a weight layout is missing (see
-// glinear_any): then x and the caches hold partial results.
+// attends as attend() does (count, start, index). final_norm (float32 [hidden], or null): x ends
+// as the final norm of the residual stream, as the layers' norms compute it (one torch call
+// fewer a pass: its code, cold after the weights streamed through the caches, cost ~40 us a
+// call). 1 if a weight layout is missing (see glinear_any): then x and the caches hold partial
+// results.
 int stack_forward(const Layer* layers, int64_t L, const Dims* dims, void* x, int x_bf16, int64_t M,
                   const float* cos, const float* sin, void* const* keys, void* const* values, const int64_t* base,
-                  const int64_t* write, const int64_t* count, const int64_t* start, const int64_t* index) {
+                  const int64_t* write, const int64_t* count, const int64_t* start, const int64_t* index,
+                  const float* final_norm) {
     if (x_bf16)
         return stack_region(layers, L, *dims, static_cast<uint16_t*>(x), M, cos, sin,
                             reinterpret_cast<uint16_t* const*>(keys), reinterpret_cast<uint16_t* const*>(values), base,
-                            write, count, start, index);
+                            write, count, start, index, final_norm);
     return stack_region(layers, L, *dims, static_cast<float*>(x), M, cos, sin, reinterpret_cast<float* const*>(keys),
-                        reinterpret_cast<float* const*>(values), base, write, count, start, index);
+                        reinterpret_cast<float* const*>(values), base, write, count, start, index, final_norm);
 }
 
 }  // extern "C"

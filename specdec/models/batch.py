@@ -128,9 +128,8 @@ def batch_forward(model: LlamaModel, plan: PassPlan, cache: BatchKVCache) -> tup
             lists = invariant.key_lists([key for b in range(n) for key in _row_keys(starts[b], widths[b], trees[b])])
         x = model.stack(model.model.embed_tokens(flat), rope_pos, model.rope, cache.keys, cache.values, base, write,
                         [p + 1 for p in write] if lists is None else lists.lengths, lists)
-        cache.end_pass(widths)
-        h = model.model.norm(x)
-        return project(model.lm_head, h, True), h
+        cache.end_pass(widths)  # x: the final hidden states (the stack's last step is the final norm)
+        return project(model.lm_head, x, True), x
     cos, sin = model.rope(rope_pos[None], model.dtype, device)
     any_exact = exact is not None and any(exact)
     mask = None  # only slots outside exact mode attend with it

@@ -92,7 +92,7 @@ def grouped_stack(model) -> LayerStack | None:
             return None
         if not all(kernel_takes(part) for lin in linears for part in lin.parts):
             return None
-    return LayerStack(list(model.model.layers), model.config, model.dtype, lib)
+    return LayerStack(list(model.model.layers), model.config, model.dtype, lib, model.model.norm)
 
 
 class GroupedEmbedding(nn.Module):

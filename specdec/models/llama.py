@@ -264,8 +264,7 @@ class LlamaModel(nn.Module):
         positions = torch.arange(past, past + ids.shape[1]) if positions is None else positions
         # a tree: each row sees the cache and its ancestors
         lists = None if attn_mask is None else TreeRows(past, attn_mask.to(torch.bool)).key_lists
-        x = self.stack.extend(self.model.embed_tokens(ids)[0], positions, self.rope, cache, lists)
-        return self.model.norm(x)[None]
+        return self.stack.extend(self.model.embed_tokens(ids)[0], positions, self.rope, cache, lists)[None]  # normed
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: KVCache | None = None, attn_mask: torch.Tensor | None = None,

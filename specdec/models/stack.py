@@ -59,10 +59,13 @@ class LayerStack:
     weights in the model's dtype (bfloat16 or float32), over M rows, each described by where it
     writes and which keys it sees (a chain, a tree or a batch's slots)."""
 
-    def __init__(self, layers: list[nn.Module], config, dtype: torch.dtype, lib: ctypes.CDLL):
+    def __init__(self, layers: list[nn.Module], config, dtype: torch.dtype, lib: ctypes.CDLL,
+                 final_norm: nn.Module | None = None):
         c = config
         self.lib, self.dtype = lib, dtype
         self.keep: list[torch.Tensor] = []  # tensors whose addresses the structures hold
+        # the model's final norm, applied by the same call (its output: the final hidden states)
+        self.final_norm = None if final_norm is None else self._float32(final_norm.weight)
         self.layers = (Layer * len(layers))()
         for spec, layer in zip(self.layers, layers):
             attn, mlp = layer.self_attn, layer.mlp
@@ -100,9 +103,10 @@ class LayerStack:
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, rope, keys: list[torch.Tensor],
                  values: list[torch.Tensor], base: list[int], write: list[int], count: list[int] | torch.Tensor,
                  lists: invariant.KeyLists | None = None) -> torch.Tensor:
-        """x [M, hidden] through every layer (a new tensor); row m at rope position positions[m]
-        writes cache position write[m] of the sequence base[m] elements into each layer's cache
-        and attends to its first count[m] positions, or to those lists gives it."""
+        """x [M, hidden] through every layer and the final norm, where the stack has one (a new
+        tensor); row m at rope position positions[m] writes cache position write[m] of the sequence
+        base[m] elements into each layer's cache and attends to its first count[m] positions, or to
+        those lists gives it."""
         x = x.to(self.dtype, copy=True).contiguous()
         cos, sin = rope(positions, torch.float32, x.device)
         cos = cos.reshape(-1, self.head_dim).contiguous()
@@ -117,17 +121,18 @@ class LayerStack:
             ctypes.addressof(self.layers), len(self.layers), ctypes.addressof(self.dims), x.data_ptr(),
             int(x.dtype == torch.bfloat16), x.shape[0], cos.data_ptr(), sin.data_ptr(), ctypes.addressof(key_ptrs),
             ctypes.addressof(value_ptrs), ctypes.addressof(rows[0]), ctypes.addressof(rows[1]), counts,
-            None if lists is None else lists.start.data_ptr(), None if lists is None else lists.index.data_ptr())
+            None if lists is None else lists.start.data_ptr(), None if lists is None else lists.index.data_ptr(),
+            self.final_norm)
         if failed:
             raise RuntimeError("stack_forward met a weight layout its products lack (checked at load)")
         return x
-
 
     def extend(self, x: torch.Tensor, positions: torch.Tensor, rope, cache,
                lists: invariant.KeyLists | None = None) -> torch.Tensor:
         """x [T, hidden] through the layers as the next T entries of one sequence's cache (a
         KVCache with a layout), each row attending causally or to the positions lists gives it;
-        the cache advances by T. Returns the last layer's output (before any final norm)."""
+        the cache advances by T. Returns the last layer's output, through the final norm where the
+        stack has one."""
         past, T = cache.length, x.shape[0]
         if past + T > cache.max_len:
             raise ValueError(f"KV cache overflow: {past + T} positions > capacity {cache.max_len}")
@@ -145,12 +150,14 @@ def dense_stack(model) -> LayerStack | None:
     (the kernels unavailable, another dtype or device, quantized or unfused projections)."""
     if model.device.type != "cpu":
         return None
-    return dense_layer_stack(list(model.model.layers), model.config, model.dtype)
+    return dense_layer_stack(list(model.model.layers), model.config, model.dtype, model.model.norm)
 
 
-def dense_layer_stack(layers: list[nn.Module], config, dtype: torch.dtype) -> LayerStack | None:
-    """The one-call stack over these decoder layers (a model's, or a draft head's one layer) where
-    their projections are dense, fused, contiguous weights in `dtype`; else None."""
+def dense_layer_stack(layers: list[nn.Module], config, dtype: torch.dtype,
+                      final_norm: nn.Module | None = None) -> LayerStack | None:
+    """The one-call stack over these decoder layers (a model's, or a draft head's one layer) and
+    final_norm after them, where their projections are dense, fused, contiguous weights in
+    `dtype`; else None."""
     lib = build.load()
     if lib is None or dtype not in DENSE_BITS:
         return None
@@ -165,7 +172,7 @@ def dense_layer_stack(layers: list[nn.Module], config, dtype: torch.dtype) -> La
                 return None
         if not isinstance(attn.o_proj, nn.Module) or not isinstance(mlp.down_proj, nn.Module):
             return None
-    return LayerStack(layers, config, dtype, lib)
+    return LayerStack(layers, config, dtype, lib, final_norm)
 
 
 def kernel_takes(part: Grouped) -> bool:

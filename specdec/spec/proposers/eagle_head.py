@@ -60,7 +60,7 @@ class EagleHead(nn.Module):
         pack_linears(self, "fc", "lm_head")
         pack_linears(self.layer.self_attn, "o_proj")
         pack_linears(self.layer.mlp, "down_proj")
-        self.stack = dense_layer_stack([self.layer], self.config, self.fc.weight.dtype)
+        self.stack = dense_layer_stack([self.layer], self.config, self.fc.weight.dtype, self.norm)
         return self
 
     def round_to_4bit(self) -> bool:
@@ -83,7 +83,7 @@ class EagleHead(nn.Module):
         for (owner, name), lin in zip(names, rounded):
             setattr(owner, name, lin)
         del attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj  # the fused ones' float parts
-        self.stack = LayerStack([self.layer], self.config, self.fc.dtype, self.stack.lib)
+        self.stack = LayerStack([self.layer], self.config, self.fc.dtype, self.stack.lib, self.norm)
         self.four_bit = True
         return True
 
@@ -119,7 +119,7 @@ class EagleHead(nn.Module):
         """forward's layer through the one-call stack: rows x [T, d] written after the cache's
         entries, each attending causally or, with mask, to the positions its row of mask holds."""
         lists = None if mask is None else invariant.key_lists([row.nonzero()[:, 0] for row in mask])
-        return self.norm(self.stack.extend(x, positions, self.rope, cache, lists))
+        return self.stack.extend(x, positions, self.rope, cache, lists)  # the norm in the same call
 
 
 def save_eagle(head: EagleHead, folder: str | Path, meta: dict) -> None:
