@@ -341,3 +341,28 @@ def test_keep_copies_only_the_positions_that_move():
         assert torch.equal(cache.values[layer][0, 0, :7, 0], -expected)
     cache.keep(2, [0, 1])
     assert cache.length == 4 and torch.equal(cache.keys[1][0, 0, :4, 0], torch.tensor([10.0, 11, 12, 13]))
+
+
+def test_the_stack_keeps_a_caches_buffer_addresses_and_never_another_caches():
+    """LayerStack._pointers: a cache's per-layer buffers' addresses built once per list; a list
+    that is not the one kept (another cache, or a new list where a freed one was) gets its own."""
+    from specdec.kernels import build
+    from specdec.models.bundled import DEFAULT_TARGET
+    from specdec.models.runner import NativeRunner
+
+    if build.load() is None:
+        pytest.skip(f"the kernels are unavailable here: {build.unavailable()}")
+    stack = NativeRunner(load_native(DEFAULT_TARGET, "bfloat16"), 64).model.stack
+    assert stack is not None
+
+    def buffers():
+        return [torch.zeros(1, 2, 8, 4) for _ in range(3)]
+
+    first, second = buffers(), buffers()
+    kept = stack._pointers(first)
+    assert stack._pointers(first) is kept and list(kept) == [t.data_ptr() for t in first]
+    assert list(stack._pointers(second)) == [t.data_ptr() for t in second]
+    del first, kept
+    for _ in range(20):  # new lists, some of them where a freed one was
+        fresh = buffers()
+        assert list(stack._pointers(fresh)) == [t.data_ptr() for t in fresh]

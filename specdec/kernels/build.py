@@ -97,7 +97,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, name).restype = None
     lib.linear_grouped.argtypes = [p, i32, p, i32, i32, i32, p, p, p, p, i64, p, p, i32, i64, i64, i64, i64]
     lib.linear_grouped.restype = i32
-    lib.stack_forward.argtypes = [p, i64, p, p, i32, i64] + [p] * 10
+    lib.stack_forward.argtypes = [p, i64, p, p, i32, i64] + [p] * 11
     lib.stack_forward.restype = i32
     for name in ("set_bf16_kernel", "set_grouped_kernel", "set_grouped_wide_kernel", "set_attention_kernel"):
         getattr(lib, name).argtypes = [i32]

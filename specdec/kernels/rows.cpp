@@ -2122,17 +2122,19 @@ struct Activations {  // one pass's intermediate rows, which the team shares
 
 // Rows' rotary embedding: queries into q (float32), keys and values into the caches, a row at a time
 template <class Y>
-void rope_rows(const Dims& s, const Y* qkv, int64_t M, const float* cos, const float* sin, Y* keys, Y* values,
-               const int64_t* base, const int64_t* write, float* q) {
+void rope_rows(const Dims& s, const Y* qkv, int64_t M, const float* cos, const float* sin, const int64_t* pos,
+               Y* keys, Y* values, const int64_t* base, const int64_t* write, float* q) {
     const int64_t hd = s.head_dim, nh = s.heads, nkv = s.kv_heads, QKV = (nh + 2 * nkv) * hd;
     std::vector<float> rotated(hd);
     #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; ++m) {
         const Y* row = qkv + m * QKV;
-        for (int64_t g = 0; g < nh; ++g) rope_head(row + g * hd, cos + m * hd, sin + m * hd, hd, q + (m * nh + g) * hd);
+        const float* c = cos + (pos ? pos[m] : m) * hd;  // the tables' row of its position, or row m
+        const float* sn = sin + (pos ? pos[m] : m) * hd;
+        for (int64_t g = 0; g < nh; ++g) rope_head(row + g * hd, c, sn, hd, q + (m * nh + g) * hd);
         for (int64_t g = 0; g < nkv; ++g) {
             const int64_t at = base[m] + g * s.head_stride + write[m] * s.pos_stride;
-            rope_head(row + (nh + g) * hd, cos + m * hd, sin + m * hd, hd, rotated.data());
+            rope_head(row + (nh + g) * hd, c, sn, hd, rotated.data());
             for (int64_t d = 0; d < hd; ++d) store(keys + at + d, rotated[d]);
             memcpy(values + at, row + (nh + nkv + g) * hd, hd * sizeof(Y));
         }
@@ -2142,7 +2144,7 @@ void rope_rows(const Dims& s, const Y* qkv, int64_t M, const float* cos, const f
 // The layers for the team (every thread of the region calls it)
 template <class Y>
 int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const float* cos, const float* sin,
-          Y* const* keys, Y* const* values, const int64_t* base, const int64_t* write, const int64_t* count,
+          const int64_t* pos, Y* const* keys, Y* const* values, const int64_t* base, const int64_t* write, const int64_t* count,
           const int64_t* start, const int64_t* index, const float* final_norm, Activations<Y>& a) {
     using W = typename std::conditional<std::is_same<Y, uint16_t>::value, Bf16, F32>::type;
     const int64_t H = s.hidden, hd = s.head_dim, nh = s.heads, nkv = s.kv_heads, I = s.intermediate;
@@ -2150,7 +2152,7 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
     for (int64_t l = 0; l < L; ++l) {
         const Layer& layer = layers[l];
         if (project(layer.qkv, a.h.data(), M, H, a.qkv.data())) return 1;
-        rope_rows(s, a.qkv.data(), M, cos, sin, keys[l], values[l], base, write, a.q.data());
+        rope_rows(s, a.qkv.data(), M, cos, sin, pos, keys[l], values[l], base, write, a.q.data());
         attend<W>(a.q.data(), keys[l], values[l], base, count, start, index, a.att.data(), M, nh, nkv, hd, s.pos_stride,
                   s.head_stride, 1.0f / sqrtf(float(hd)));
         if (project(layer.o, a.att.data(), M, nh * hd, a.o.data())) return 1;
@@ -2173,14 +2175,14 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
 // stack() in one parallel region
 template <class Y>
 int stack_region(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const float* cos, const float* sin,
-                 Y* const* keys, Y* const* values, const int64_t* base, const int64_t* write, const int64_t* count,
+                 const int64_t* pos, Y* const* keys, Y* const* values, const int64_t* base, const int64_t* write, const int64_t* count,
                  const int64_t* start, const int64_t* index, const float* final_norm) {
     Activations<Y> a(s, M);
     int failed = 0;
     #pragma omp parallel
     {
-        const int r = stack(layers, L, s, x, M, cos, sin, keys, values, base, write, count, start, index, final_norm,
-                            a);
+        const int r = stack(layers, L, s, x, M, cos, sin, pos, keys, values, base, write, count, start, index,
+                            final_norm, a);
         #pragma omp master
         failed = r;
     }
@@ -2290,7 +2292,8 @@ ATTEND(attend_bf16, Bf16, uint16_t)
 ATTEND(attend_f32, F32, float)
 
 // decoder layers [0, L) over x [M, hidden] (the residual stream, float32 or bfloat16 as the
-// caches, updated in place); cos and sin [M, head_dim] float32 (sin's first half negated);
+// caches, updated in place); cos and sin float32 tables [positions, head_dim] (sin's first half
+// negated), row m at rope position pos[m] (pos null: the tables are [M, head_dim], row m's at m);
 // row m writes its key and value at cache position write[m] of the sequence at base[m] and
 // attends as attend() does (count, start, index). final_norm (float32 [hidden], or null): x ends
 // as the final norm of the residual stream, as the layers' norms compute it (one torch call
@@ -2298,14 +2301,14 @@ ATTEND(attend_f32, F32, float)
 // call). 1 if a weight layout is missing (see glinear_any): then x and the caches hold partial
 // results.
 int stack_forward(const Layer* layers, int64_t L, const Dims* dims, void* x, int x_bf16, int64_t M,
-                  const float* cos, const float* sin, void* const* keys, void* const* values, const int64_t* base,
+                  const float* cos, const float* sin, const int64_t* pos, void* const* keys, void* const* values, const int64_t* base,
                   const int64_t* write, const int64_t* count, const int64_t* start, const int64_t* index,
                   const float* final_norm) {
     if (x_bf16)
-        return stack_region(layers, L, *dims, static_cast<uint16_t*>(x), M, cos, sin,
+        return stack_region(layers, L, *dims, static_cast<uint16_t*>(x), M, cos, sin, pos,
                             reinterpret_cast<uint16_t* const*>(keys), reinterpret_cast<uint16_t* const*>(values), base,
                             write, count, start, index, final_norm);
-    return stack_region(layers, L, *dims, static_cast<float*>(x), M, cos, sin, reinterpret_cast<float* const*>(keys),
+    return stack_region(layers, L, *dims, static_cast<float*>(x), M, cos, sin, pos, reinterpret_cast<float* const*>(keys),
                         reinterpret_cast<float* const*>(values), base, write, count, start, index, final_norm);
 }
 

@@ -57,17 +57,21 @@ class RopeTable:
                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin [B or 1, T, 1, head_dim] for positions [T] or [B, T]: they
         broadcast over the heads of [B, T, heads, head_dim]."""
-        need = int(positions.max()) + 1
+        self.tables(int(positions.max()) + 1, dtype, device)
+        cos, sin = self.cos[positions], self.sin[positions]
+        if cos.dim() == 2:
+            cos, sin = cos[None], sin[None]
+        return cos[:, :, None], sin[:, :, None]
+
+    def tables(self, need: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole cos and signed sin tables [positions, head_dim], covering positions [0, need)."""
         if self.cos is None or self.cos.shape[0] < need or self.cos.dtype != dtype or self.cos.device != device:
             size = max(256, 1 << (need - 1).bit_length())
             cos, sin = rope_cos_sin(torch.arange(size), self.inv_freq, dtype)
             sin = sin[0, 0]
             half = sin.shape[-1] // 2
             self.cos, self.sin = cos[0, 0].to(device), torch.cat([-sin[:, :half], sin[:, half:]], -1).to(device)
-        cos, sin = self.cos[positions], self.sin[positions]
-        if cos.dim() == 2:
-            cos, sin = cos[None], sin[None]
-        return cos[:, :, None], sin[:, :, None]
+        return self.cos, self.sin
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

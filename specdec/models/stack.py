@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +65,7 @@ class LayerStack:
         c = config
         self.lib, self.dtype = lib, dtype
         self.keep: list[torch.Tensor] = []  # tensors whose addresses the structures hold
+        self._arrays: dict[int, tuple[weakref.ref, ctypes.Array]] = {}  # caches' buffer addresses (_pointers)
         # the model's final norm, applied by the same call (its output: the final hidden states)
         self.final_norm = None if final_norm is None else self._float32(final_norm.weight)
         self.layers = (Layer * len(layers))()
@@ -108,24 +110,39 @@ class LayerStack:
         base[m] elements into each layer's cache and attends to its first count[m] positions, or to
         those lists gives it."""
         x = x.to(self.dtype, copy=True).contiguous()
-        cos, sin = rope(positions, torch.float32, x.device)
-        cos = cos.reshape(-1, self.head_dim).contiguous()
-        sin = sin.reshape(-1, self.head_dim).contiguous()
+        positions = positions.to(torch.int64).contiguous()
+        # whole tables, each row's read at its position in the call (not gathered here: ~25 us)
+        cos, sin = rope.tables(int(positions.max()) + 1, torch.float32, x.device)
         self.dims.pos_stride, self.dims.head_stride = keys[0].stride(2), keys[0].stride(1)
-        key_ptrs, value_ptrs = ((ctypes.c_void_p * len(ts))(*[t.data_ptr() for t in ts]) for ts in (keys, values))
+        key_ptrs, value_ptrs = self._pointers(keys), self._pointers(values)
         rows = [_int64s(base), _int64s(write)]  # held until the call returns
         if not isinstance(count, torch.Tensor):
             rows.append(_int64s(count))
         counts = count.data_ptr() if isinstance(count, torch.Tensor) else ctypes.addressof(rows[2])
         failed = self.lib.stack_forward(
             ctypes.addressof(self.layers), len(self.layers), ctypes.addressof(self.dims), x.data_ptr(),
-            int(x.dtype == torch.bfloat16), x.shape[0], cos.data_ptr(), sin.data_ptr(), ctypes.addressof(key_ptrs),
+            int(x.dtype == torch.bfloat16), x.shape[0], cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
+            ctypes.addressof(key_ptrs),
             ctypes.addressof(value_ptrs), ctypes.addressof(rows[0]), ctypes.addressof(rows[1]), counts,
             None if lists is None else lists.start.data_ptr(), None if lists is None else lists.index.data_ptr(),
             self.final_norm)
         if failed:
             raise RuntimeError("stack_forward met a weight layout its products lack (checked at load)")
         return x
+
+    def _pointers(self, buffers: list[torch.Tensor]) -> ctypes.Array:
+        """The addresses of a cache's per-layer buffers, kept per list: a cache's lists and their
+        tensors never change (writes, rollbacks and moves are in place), and building the array
+        was ~25 us a pass, cold after the weights streamed through the caches. A list is known
+        by its id and its first tensor, held weakly (a dead one, or another, misses)."""
+        entry = self._arrays.get(id(buffers))
+        if entry is not None and entry[0]() is buffers[0] and len(entry[1]) == len(buffers):
+            return entry[1]
+        if len(self._arrays) >= 64:  # caches come and go (forks, batches): keep the recent ones
+            self._arrays.clear()
+        array = (ctypes.c_void_p * len(buffers))(*[t.data_ptr() for t in buffers])
+        self._arrays[id(buffers)] = (weakref.ref(buffers[0]), array)
+        return array
 
     def extend(self, x: torch.Tensor, positions: torch.Tensor, rope, cache,
                lists: invariant.KeyLists | None = None) -> torch.Tensor:
