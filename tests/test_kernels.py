@@ -176,6 +176,31 @@ def test_the_tiles_rows_in_several_panels_have_vnnis_bits(layout):
         assert torch.equal(product(), tiles)
 
 
+@needs_kernels
+@pytest.mark.parametrize("name", [*GROUPED.kernels, "vnni+amx"])
+@pytest.mark.parametrize("layout,K", [("Q4_K", 384), ("Q4_1", 96), ("Q8_0", 160)])
+def test_grouped_bfloat16_out_is_one_rounding_of_the_float32_result(name, layout, K):
+    """The kernels' bfloat16 outputs (rounded 16 lanes at a time on the VNNI path) against torch's
+    rounding of their float32 outputs, bit for bit (nearest even), and a NaN stays a NaN."""
+    g = torch.Generator().manual_seed(8)
+    N, M = 48, 21
+    laid = _grouped(layout, N, K, g)
+    laid = laid.in_columns() if name.startswith("vnni") else laid
+    bias = torch.randn(N, generator=g)
+    bias[5] = float("nan")
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+
+    def product(dtype):
+        return invariant.linear_grouped(x, laid.q, laid.scale, laid.offset, laid.group, bias, bits=laid.bits,
+                                        scale_super=laid.scale_super, offset_super=laid.offset_super,
+                                        out=torch.empty(M, N, dtype=dtype), columns=laid.columns)
+    with grouped_kernel(name):
+        wide, narrow = product(torch.float32), product(torch.bfloat16)
+    assert narrow[:, 5].isnan().all() and not narrow[:, 6:].isnan().any()  # (torch's NaN has other bits)
+    numbers = torch.ones(N, dtype=torch.bool).index_fill_(0, torch.tensor([5]), False)
+    assert torch.equal(narrow[:, numbers].view(torch.int16), wide[:, numbers].to(torch.bfloat16).view(torch.int16))
+
+
 @pytest.mark.parametrize("layout,K", [("Q4_K", 512), ("Q6_K", 512), ("Q8_0", 160)])
 def test_the_columns_layout_keeps_every_weight(layout, K):
     grouped = _grouped(layout, 48, K, torch.Generator().manual_seed(5))
