@@ -1,9 +1,11 @@
-"""glibc's heap while models load: unpacking a GGUF makes many short-lived arrays of a few MB
-beside the tensors that stay, and glibc keeps what they freed for reuse, so the process's
-resident memory ran ~150 MB above what it holds. Elsewhere (no glibc) these do nothing."""
+"""The process's heap once models load. glibc's: unpacking a GGUF makes many short-lived arrays of
+a few MB beside the tensors that stay, and glibc keeps what they freed for reuse, so the process's
+resident memory ran ~150 MB above what it holds (elsewhere, no glibc, these do nothing). Python's:
+the objects alive after loading are set aside from the cyclic collector (settle_objects)."""
 from __future__ import annotations
 
 import ctypes
+import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -53,3 +55,14 @@ def loading_heap() -> Iterator[None]:
         libc.mallopt(M_MMAP_THRESHOLD, RUNNING_MMAP_BYTES)
         libc.mallopt(M_TRIM_THRESHOLD, RUNNING_TRIM_BYTES)
         libc.malloc_trim(0)
+
+
+def settle_objects() -> None:
+    """Collect once, then move every object alive now (torch's and the other imported modules', the
+    loaded models') out of Python's cyclic collector's reach (gc.freeze). Why: a full collection
+    walks every tracked object: ~310k once torch and SmolLM2 are loaded, 128-131 ms a collection
+    (AMD EPYC Zen 5), a stall of ~25 tokens mid-stream whenever one fell due; after this one walks
+    only what was made since (measured: 0.003 ms). Frozen objects are still freed when nothing
+    refers to them; only a cycle among them outlives its last use."""
+    gc.collect()
+    gc.freeze()
