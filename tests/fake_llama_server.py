@@ -57,7 +57,7 @@ def main() -> int:
                 return self._send(400, {"error": {"message": "empty prompt"}})
             n = body["n_predict"]
             tokens = [(body["prompt"][-1] + i + 1) % 50 for i in range(n)]
-            timings = {"predicted_n": n, "predicted_per_second": 1000.0}
+            timings = {"predicted_n": n, "predicted_per_second": 1000.0, "prompt_ms": 0.5 * len(body["prompt"])}
             if speculative:
                 timings.update(draft_n=n, draft_n_accepted=n // 2)
             self._send(200, {"tokens": tokens, "content": "", "timings": timings, "request": body})

@@ -25,7 +25,11 @@ def test_bench_runs_all_methods_side_by_side(tmp_path, capsys):
     for r in rows:
         assert r["new_tokens"] == 8 and r["tokens_per_second"] > 0 and r["model_memory_mb"] > 0
         if r["method"] == "none":
-            assert r["speedup"] == 1.0
+            assert r["speedup"] == 1.0 and r["decode_speedup"] == 1.0
+        if r["method"].startswith("hf"):  # transformers does not say how long its prefill took
+            assert r["decode_tokens_per_second"] is None and r["decode_speedup"] is None
+        else:  # after the prompt's prefill: faster than the whole run's rate
+            assert r["decode_tokens_per_second"] > r["tokens_per_second"] and r["decode_speedup"] > 0
         if r["method"] in ("draft", "ngram", "draft:2"):
             assert r["acceptance_rate"] is not None and 0.0 <= r["acceptance_rate"] <= 1.0
             # tokens per pass = 1 + drafts kept per pass (fewer where max_new_tokens cut the last step)
@@ -36,7 +40,7 @@ def test_bench_runs_all_methods_side_by_side(tmp_path, capsys):
     assert by_method["draft"]["model_memory_mb"] > by_method["none"]["model_memory_mb"]  # the draft counts
     assert by_method["hf-assisted"]["model_memory_mb"] > by_method["hf"]["model_memory_mb"]
     assert png.stat().st_size > 1000
-    assert "speedup" in capsys.readouterr().out
+    assert "decode tok/s" in capsys.readouterr().out
 
 
 def test_bench_runs_past_eos(tmp_path):
@@ -87,6 +91,20 @@ def test_suite_keeps_raw_tasks_and_adds_instruction_tasks():
         assert old == rename_target(p.text.split("```python\n")[1].split("```")[0])
         assert p.text.count(old) >= 4  # the instruction names it, the code uses it at least 3 times
     assert [p.task for p in build_suite(2, ["rewrite", "code"])] == ["code", "code", "rewrite", "rewrite"]
+
+
+def test_longcode_prompts_are_a_files_text_up_to_a_function_deep_in_it():
+    from specdec.data.corpus import split_files, stdlib_root
+    from specdec.data.prompts import LONG_CONTEXT, build_suite
+
+    suite = build_suite(2, ["longcode", "code"])
+    assert [p.task for p in suite] == ["code", "code", "longcode", "longcode"]
+    files = {path.name: path.read_text(encoding="utf-8", errors="replace") for path in split_files(stdlib_root())[1]}
+    for p in suite[2:]:
+        source = files[p.name]
+        at = source.index(p.text)  # whole lines of the held-out file, ending where a function's body starts
+        assert LONG_CONTEXT - 200 < len(p.text) <= LONG_CONTEXT and source[at - 1] == "\n" and p.text.endswith("\n")
+        assert "def " in p.text[-2000:] and at > 0
 
 
 def test_rename_target_picks_the_most_used_parameter():

@@ -10,6 +10,7 @@ import pytest
 
 import specdec
 from specdec.bench.llama_cpp import ENV_VAR, LlamaServer, find_llama_server, server_version
+from specdec.bench.peers import LlamaCppPeer
 from specdec.cli.convert import convert
 from specdec.cli.main import main
 from specdec.errors import SpecdecError
@@ -53,6 +54,11 @@ def test_find_llama_server_order(fake_bin, tmp_path, monkeypatch):
     assert server_version(fake_bin / "llama-server") == "version: 0 (fake)"
 
 
+class ByteTokens:
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+
 def test_server_round_trip_and_request_fields(fake_bin, gguf_file):
     server = LlamaServer(fake_bin / "llama-server", gguf_file, threads=1, spec="ngram")
     with server:
@@ -60,6 +66,8 @@ def test_server_round_trip_and_request_fields(fake_bin, gguf_file):
         assert done.tokens == [10, 11, 12, 13, 14]
         assert (done.draft_n, done.draft_n_accepted, done.target_passes) == (5, 2, 3)
         assert done.seconds > 0
+        stats = LlamaCppPeer("llama.cpp-ngram", server, ByteTokens()).run("abcd", 0.7, 5, seed=3)
+        assert stats.prefill_seconds == 0.002 and stats.new_tokens == 5  # the server's prompt_ms
         sent = server._request("POST", "/completion", {"prompt": [1], "n_predict": 1})["request"]
         assert sent == {"prompt": [1], "n_predict": 1}
         assert server.tokenize("ab") == [ord("a") % 50, ord("b") % 50]

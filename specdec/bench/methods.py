@@ -170,14 +170,16 @@ def measure_task(texts: list[str], task: str, temp: float, runners: dict, max_ne
     for i in range(repeats * len(texts)):
         for m, runner in runners.items():
             runs[m].append(runner.run(texts[i % len(texts)], temp, max_new_tokens, seed=i))
-    rows, plain_tps = [], None
+    rows, plain_tps, plain_decode = [], None, None
     for m, runner in runners.items():
         s = GenerationStats.merge(runs[m])
         memory, rss = (None if x is None else round(x, 1) for x in (runner.memory_mb(), runner.peak_rss_mb()))
         row = Row(m, task, temp, s.new_tokens, round(s.wall_seconds, 3), round(s.tokens_per_second, 2),
                   model_memory_mb=memory, peak_rss_mb=rss)
+        if s.prefill_seconds > 0 and s.wall_seconds > s.prefill_seconds:
+            row.decode_tokens_per_second = round(s.new_tokens / (s.wall_seconds - s.prefill_seconds), 2)
         if m == "none":
-            plain_tps = s.tokens_per_second
+            plain_tps, plain_decode = s.tokens_per_second, row.decode_tokens_per_second
         if runner.speculative and s.target_forwards:  # transformers reports no per-step counts
             row.mean_accepted_length = round(s.new_tokens / s.target_forwards, 3)
             row.acceptance_rate = round(s.accepted_tokens / s.drafted_tokens, 3) if s.drafted_tokens else 0.0
@@ -189,6 +191,8 @@ def measure_task(texts: list[str], task: str, temp: float, runners: dict, max_ne
         log(f"{task:9s} T={temp:<4} {m:16s} {row.tokens_per_second:8.1f} tok/s")
     for row in rows:
         row.speedup = round(row.tokens_per_second / plain_tps, 3) if plain_tps else None
+        if plain_decode and row.decode_tokens_per_second:
+            row.decode_speedup = round(row.decode_tokens_per_second / plain_decode, 3)
     return rows
 
 

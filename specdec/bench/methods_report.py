@@ -18,6 +18,9 @@ class Row:
     wall_seconds: float
     tokens_per_second: float
     speedup: float | None = None
+    # after the prompt's prefill (which a long prompt's tok/s is mostly): None where the run does not say
+    decode_tokens_per_second: float | None = None
+    decode_speedup: float | None = None
     mean_accepted_length: float | None = None
     acceptance_rate: float | None = None
     mean_draft_tokens: float | None = None
@@ -33,17 +36,18 @@ def _fmt(value: float | None, spec: str = "{:.2f}") -> str:
 def print_table(rows: list[Row]) -> None:
     Table = require("rich.table", "bench", "the bench table").Table
     table = Table(title="specdec bench (speedup = tokens/s ratio to `none` in the same run)")
-    for col in ("task", "T", "method", "tok/s", "speedup", "mean acc. len", "acc. rate", "mean K",
-                "bound", "mem MB", "peak RSS MB"):
+    for col in ("task", "T", "method", "tok/s", "speedup", "decode tok/s", "decode x", "mean acc. len",
+                "acc. rate", "mean K", "bound", "mem MB", "peak RSS MB"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(r.task, f"{r.temperature:g}", r.method, _fmt(r.tokens_per_second, "{:.1f}"),
-                      _fmt(r.speedup), _fmt(r.mean_accepted_length), _fmt(r.acceptance_rate),
+                      _fmt(r.speedup), _fmt(r.decode_tokens_per_second, "{:.1f}"), _fmt(r.decode_speedup),
+                      _fmt(r.mean_accepted_length), _fmt(r.acceptance_rate),
                       _fmt(r.mean_draft_tokens), _fmt(r.cost_model_bound), _fmt(r.model_memory_mb, "{:.0f}"),
                       _fmt(r.peak_rss_mb, "{:.0f}"))
     # wide enough for every column when the table goes to a file, not a terminal
     console = require("rich.console", "bench", "the bench table").Console
-    (console() if sys.stdout.isatty() else console(width=160)).print(table)
+    (console() if sys.stdout.isatty() else console(width=190)).print(table)
 
 
 def plot(rows: list[Row], path: str) -> None:

@@ -118,6 +118,7 @@ class LlamaCppPeer:
         stats = GenerationStats(self.method)
         stats.new_tokens = len(done.tokens)
         stats.wall_seconds = done.seconds
+        stats.prefill_seconds = float(done.timings.get("prompt_ms", 0.0)) / 1000  # the server's own timing
         stats.drafted_tokens = done.draft_n
         stats.accepted_tokens = done.draft_n_accepted
         stats.target_forwards = done.target_passes

@@ -16,10 +16,13 @@ from typing import Protocol
 from specdec.chat.fim import find_fim_family
 from specdec.errors import SpecdecError
 
-TASKS = ("code", "edit", "freetext", "chat", "rewrite", "fim")
+TASKS = ("code", "edit", "freetext", "chat", "rewrite", "fim", "longcode")
 RAW_TASKS = ("code", "edit", "freetext")
 CHAT_TASKS = ("chat", "rewrite")
 MAX_CHAT_SOURCE = 1500  # characters of code quoted in an instruction (keeps prompts ~500 tokens)
+# longcode: characters of the file above the function (what an editor's completion sends; ~3k tokens of
+# Python for SmolLM2's and Qwen's tokenizers), where the attention over the prompt weighs on every pass
+LONG_CONTEXT = 10_000
 CHAT_INSTRUCTIONS = (
     "Explain what this Python function does, step by step.",
     "Write a docstring for this Python function. Reply with the function including its docstring.",
@@ -61,6 +64,19 @@ def function_snippets(path: Path, min_lines: int = 7, context_lines: int = 12) -
         start = node.lineno - 1 - len(node.decorator_list)
         header = "".join(lines[max(0, start - context_lines):node.body[0].lineno - 1])
         out.append((header, "".join(lines[start:node.end_lineno])))
+    return out
+
+
+def file_prefixes(path: Path, min_lines: int = 7, chars: int = LONG_CONTEXT) -> list[str]:
+    """The file up to each long function's body, its signature last, for the functions with at
+    least `chars` characters before them: the last `chars` of it, from a line's start."""
+    lines, funcs = long_functions(path, min_lines)
+    out = []
+    for node in funcs:
+        text = "".join(lines[:node.body[0].lineno - 1])
+        if len(text) >= chars:
+            text = text[-chars:]
+            out.append(text[text.find("\n") + 1:])
     return out
 
 
@@ -125,7 +141,8 @@ def build_suite(per_task: int = 3, tasks: tuple[str, ...] | list[str] = RAW_TASK
     functions: code = complete a function from its signature, edit = copy a function shown
     above (prompt lookup's best case), freetext = write comments after a module's code; chat
     and rewrite: see chat_prompts (functions between those the raw tasks use); fim = fill in a
-    function's body between its signature and the code after it (render_fim)."""
+    function's body between its signature and the code after it (render_fim); longcode = complete
+    a function deep in a file from the ~10,000 characters above it (file_prefixes)."""
     from specdec.data.corpus import split_files, stdlib_root
 
     unknown = [t for t in tasks if t not in TASKS]
@@ -147,6 +164,11 @@ def build_suite(per_task: int = 3, tasks: tuple[str, ...] | list[str] = RAW_TASK
         prompts.append(Prompt("freetext", name, f"{src[-600:]}\n\n# Notes\n#\n# This module is used to"))
     if any(t in CHAT_TASKS for t in tasks):
         prompts += chat_prompts(funcs[step // 2::step] + funcs[:step // 2], per_task)
+    if "longcode" in tasks:
+        longs = [(p.name, text) for p in held for text in file_prefixes(p)]
+        every = max(1, len(longs) // per_task)
+        for name, text in longs[every // 2::every][:per_task]:
+            prompts.append(Prompt("longcode", name, text))
     if "fim" in tasks:
         gaps = [(p.name, prefix, suffix) for p in held for prefix, suffix in gap_snippets(p)]
         for name, prefix, suffix in gaps[max(1, len(gaps) // per_task) // 3::max(1, len(gaps) // per_task)][:per_task]:

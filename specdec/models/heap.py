@@ -62,7 +62,8 @@ def settle_objects() -> None:
     loaded models') out of Python's cyclic collector's reach (gc.freeze). Why: a full collection
     walks every tracked object: ~310k once torch and SmolLM2 are loaded, 128-131 ms a collection
     (AMD EPYC Zen 5), a stall of ~25 tokens mid-stream whenever one fell due (rare: none did in 156
-    sampled requests of 128 tokens, 90 s); after this one walks only what was made since (0.003 ms). Frozen objects are still freed when nothing
-    refers to them; only a cycle among them outlives its last use."""
+    sampled requests of 128 tokens, 90 s); after this one walks only what was made since (0.003
+    ms). Frozen objects are still freed when nothing refers to them; only a cycle among them
+    outlives its last use."""
     gc.collect()
     gc.freeze()
