@@ -424,9 +424,9 @@ def test_bench_peer_runs_universal_assisted_generation(near_bpe_pair):
     assert peer.run("def add(a, b):\n", 0.0, 8, 0).new_tokens == 8
 
 
-def test_a_draft_with_a_shorter_window_stops_drafting_when_full(tmp_path, char_pair):
-    """The draft's own tokens can outgrow its window before the target's context does: it
-    then proposes nothing (no cache overflow), and output stays the target's."""
+def test_a_draft_with_a_shorter_window_slides_it_when_full(tmp_path, char_pair):
+    """The draft's own tokens can outgrow its window before the target's context does: it then
+    drafts from the text's tail (no cache overflow), and output stays the target's."""
     target, _ = char_pair
     small = dict(TINY, max_pos=12)
     draft = make_model_dir(tmp_path / "d", seed=2, alphabet="xcabyed", **small)
@@ -441,7 +441,7 @@ def test_a_draft_with_a_shorter_window_stops_drafting_when_full(tmp_path, char_p
             else:
                 drafted_early += chunk.step.drafted
         got += chunk.token_ids
-    assert got == want and drafted_early > 0 and drafted_late == 0
+    assert got == want and drafted_early > 0 and drafted_late > 0
     assert spec.engine.proposer.runner.length < 12
 
 
@@ -476,3 +476,14 @@ def test_greedy_drafts_hold_the_lookup_chain_by_default_with_another_tokenizer_o
               for setting in (None, True, False)}
     assert lookup == {("cross", None): True, ("cross", True): True, ("cross", False): False,
                       ("same", None): False, ("same", True): True, ("same", False): False}
+
+
+def test_past_the_drafts_window_it_drafts_from_the_recent_text(tmp_path):
+    """A draft with a shorter window than the prompt (SmolLM2's 1,024-token draft under a long
+    file) drafts from the text's tail, read again as its window slides; outputs stay the target's."""
+    target = make_model_dir(tmp_path / "t", seed=5, **{**TINY, "max_pos": 256})
+    draft = derive_draft(target, make_model_dir(tmp_path / "d", seed=6, alphabet="gfedcba", **{**TINY, "max_pos": 24}),
+                         noise=0)
+    accepted, drafted = assert_identical(target, draft, ["abcabcaab" * 7, "gfedcba" * 9], tokens=60, draft_tokens=3,
+                                         cross_vocab="tli", tree_lookup=False)
+    assert drafted > 20 and accepted > 0

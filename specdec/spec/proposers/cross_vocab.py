@@ -174,6 +174,19 @@ class CrossVocabProposer:
         ids, ends, pending = self._encode(start)
         return self.cached[:n] + ids, self.ends[:n] + ends, pending
 
+    def _slide(self, tokens: list[int], ends: list[int]) -> tuple[list[int], list[int], bool]:
+        """Past the draft's window: the text before the draft's last max_len / 2 tokens dropped
+        (at a token's end), its cache emptied, and the rest tokenized again from the start; the
+        next catch-up reads it from position 0. So the draft drafts from the recent text at any
+        context length (a model trained on a short window drafts from its last ~half), instead of
+        not at all while each step still re-encoded the whole text (SmolLM2's 1,024-token draft
+        under a ~2,000-token prompt: 2.6 ms a step, decoding 0.65x plain). Any drafts are exact."""
+        keep = self.runner.max_len // 2
+        del self.text[:ends[len(tokens) - keep - 1]]
+        self.runner.reset()
+        self.cached, self.ends, self.verified = [], [], 0
+        return self._draft_context()
+
     def _sync(self, tokens: list[int], ends: list[int]) -> list[int]:
         """Roll the draft cache back to its common prefix with tokens; return what to feed."""
         n = self.verified
@@ -199,7 +212,8 @@ class CrossVocabProposer:
                 noise: PositionNoise | None = None) -> Proposal:
         self._read(context)
         tokens, ends, pending = self._draft_context()
-        # its own tokens may outgrow the draft's window before the target's do: no drafts then
+        if len(tokens) + k + 1 > self.runner.max_len and len(tokens) > self.runner.max_len // 2 + 1:
+            tokens, ends, pending = self._slide(tokens, ends)
         k = min(k, self.runner.max_len - len(tokens) - 1)
         if pending or not tokens or k <= 0:  # pending: an incomplete character the draft cannot see yet
             return Proposal([])
