@@ -177,3 +177,39 @@ def test_eagle_greedy_trees_hold_the_prompt_lookup_chain(tmp_path):
     assert path_from_root(propose(False, greedy, 8), [1, 9, 4, 12]) < 4  # a random head's own tree
     sampled = propose(True, SamplingParams(temperature=1.0), 8)
     assert sampled.draft_probs is not None and len(sampled.tokens) <= 8
+
+
+def test_a_draft_far_behind_reads_the_contexts_last_window_only(tmp_path):
+    """A prompt longer than the draft's window (or a long run of plain steps) is not read whole:
+    the draft restarts from the context's last `window` tokens and drafts what a draft handed that
+    tail alone drafts, then follows the context from there."""
+    model = load_native(make_model_dir(tmp_path / "d", tokenizer="char", vocab_size=24, max_pos=64), "float32")
+    greedy = SamplingParams(temperature=0.0)
+    rng = random.Random(1)
+    proposer = DraftModelProposer(NativeRunner(model))
+    assert proposer.window == 32  # half the draft's 64 positions
+    context = [rng.randrange(1, 24) for _ in range(100)]
+    proposer.reset(context)
+    tokens = proposer.propose(context, 3, greedy, None).tokens
+    assert proposer.offset == 100 - 32 and proposer.runner.length <= 32 + 3
+    tail = DraftModelProposer(NativeRunner(model))
+    assert tokens == tail.propose(context[-32:], 3, greedy, None).tokens
+    context += tokens[:1] + [5]  # a partly kept draft: the draft follows from its offset
+    tail_context = context[68:]
+    tail.reset(tail_context)
+    assert proposer.propose(context, 3, greedy, None).tokens == tail.propose(tail_context, 3, greedy, None).tokens
+    assert proposer.offset == 68
+
+
+def test_past_its_window_a_same_vocabulary_draft_keeps_drafting_losslessly(tmp_path):
+    import specdec
+    target = make_model_dir(tmp_path / "t", tokenizer="char", vocab_size=24, max_pos=512)
+    draft = make_model_dir(tmp_path / "d", tokenizer="char", vocab_size=24, max_pos=48, layers=1, seed=3)
+    spec = specdec.load(target=target, draft=draft, method="draft", dtype="float64", draft_tokens=3, calibrate=False,
+                        tree_lookup=False)
+    plain = specdec.load(target=target, dtype="float64", calibrate=False)
+    prompt = "abcdefgabcdefg" * 12  # 168 tokens: past the draft's 48 positions
+    for params in (dict(temperature=0), dict(temperature=0.9, seed=4)):
+        got = spec.generate(prompt, max_new_tokens=40, ignore_eos=True, **params)
+        assert got.token_ids == plain.generate(prompt, max_new_tokens=40, ignore_eos=True, **params).token_ids
+        assert got.stats.drafted_tokens > 0

@@ -14,6 +14,12 @@ from specdec.spec.proposers.base import Proposal
 from specdec.spec.proposers.prompt_lookup import LOOKUP_TOKENS, PromptLookupProposer, with_lookup_chain
 
 READ_SAMPLE = 32  # catch-ups of at least this many tokens time the draft's reading rate
+# The most a catch-up reads: further behind (a long prompt, many plain steps), the draft restarts
+# from the context's last DRAFT_WINDOW tokens (at position 0) instead of reading all it lacks. On the
+# Qwen pair under a ~2,000-token file the 0.5B draft's reads of the whole prompt (~2 s each, paid
+# again by its controller's probes) made decoding 0.63x plain; a draft guesses the next tokens
+# from the recent text (any drafts are exact). A context within the window is read whole, as before.
+DRAFT_WINDOW = 512
 
 
 class DraftModelProposer:
@@ -28,7 +34,9 @@ class DraftModelProposer:
         # must verify trees; a proposal of budget k then holds up to max(k, tree_floor) nodes
         self.lookup = PromptLookupProposer() if lookup else None
         self.tree_floor = LOOKUP_TOKENS + 1 if lookup else 0
-        self.cached: list[int] = []  # the tokens whose keys/values are in the draft cache
+        self.cached: list[int] = []  # the tokens whose keys/values are in the draft cache: context[offset:]
+        self.offset = 0  # where the draft's context starts in the sequence's (DRAFT_WINDOW)
+        self.window = min(DRAFT_WINDOW, runner.max_len // 2)
         self.verified = 0  # leading cached tokens known to equal the context (which only grows)
         self.read_seconds_per_token: float | None = None  # timed on catch-ups of READ_SAMPLE tokens or more
 
@@ -38,39 +46,53 @@ class DraftModelProposer:
     def reset(self, prompt_ids: list[int]) -> None:
         """A new text: keep the prefix of the prompt the draft cache already holds where its rows
         are what a fresh prefill writes (Runner.kv_rows_invariant: the drafts, and so the speed,
-        never depend on earlier prompts). The rest is read at the first draft (propose's catch-up,
-        timed as sync_seconds), as a batch's drafters and the EAGLE head read theirs: a request
-        whose controller keeps to plain steps (T=1 where drafts are rarely kept) never pays the
-        draft's prefill (the Qwen pair's 0.5B: 0.2-0.7 s a prompt)."""
+        never depend on earlier prompts; past DRAFT_WINDOW, on where the draft last restarted).
+        The rest is read at the first draft (propose's catch-up, timed as sync_seconds), as a
+        batch's drafters and the EAGLE head read theirs: a request whose controller keeps to
+        plain steps (T=1 where drafts are rarely kept) never pays the draft's prefill (the Qwen
+        pair's 0.5B: 0.2-0.7 s a prompt)."""
         n = 0
-        if (self.reuse_prefix and getattr(self.runner, "kv_rows_invariant", False)
+        if (self.reuse_prefix and getattr(self.runner, "kv_rows_invariant", False) and self.offset == 0
                 and self.runner.length == len(self.cached)):
             n = shared_prefix(self.cached, prompt_ids, min(len(self.cached), len(prompt_ids) - 1))
         self.runner.rollback(n)
         self.cached = list(prompt_ids[:n])
-        self.verified = n
+        self.offset, self.verified = 0, n
 
     def upfront_seconds(self, context: list[int]) -> float:
         """Seconds the next draft would first spend reading what the draft cache lacks (its
         prompt, the tokens of plain steps since): 0 until a read was timed."""
-        unread = len(context) - 2 - len(self.cached)  # a catch-up of 2 tokens is a draft pass
+        unread = min(len(context) - self.offset - len(self.cached), self.window) - 2  # 2 tokens: a draft pass
         return unread * self.read_seconds_per_token if unread > 0 and self.read_seconds_per_token else 0.0
+
+    def _restart_if_behind(self, context: list[int], k: int) -> None:
+        """From the context's last `window` tokens where more than that is unread, or where the
+        draft's cache could not hold k more tokens."""
+        behind = len(context) - self.offset - len(self.cached)
+        if behind > self.window or len(context) - self.offset + k > self.runner.max_len:
+            self.offset = max(0, len(context) - self.window)
+            self.runner.rollback(0)
+            self.cached, self.verified = [], 0
 
     def _sync(self, context: list[int]) -> list[int]:
         """Roll the draft cache back to its common prefix with context; return what to feed.
         The engine only appends to the context between resets, so the comparison starts after
         the prefix matched last time: O(drafted tokens) per step, not O(context)."""
-        limit = min(len(self.cached), len(context) - 1)  # always feed at least one token
-        n = shared_prefix(self.cached, context, limit, start=min(self.verified, len(context) - 1))
+        own = context[self.offset:] if self.offset else context
+        limit = min(len(self.cached), len(own) - 1)  # always feed at least one token
+        n = shared_prefix(self.cached, own, limit, start=min(self.verified, len(own) - 1))
         self.runner.rollback(n)
         del self.cached[n:]
         self.verified = n
-        return context[n:]
+        return own[n:]
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None, history: TokenHistory | None = None,
                 noise: PositionNoise | None = None) -> Proposal:
-        k = min(k, self.runner.max_len - len(context))
+        if k <= 0:
+            return Proposal([], None)
+        self._restart_if_behind(context, k)
+        k = min(k, self.runner.max_len - (len(context) - self.offset))
         if k <= 0:
             return Proposal([], None)
         feed = self._sync(context)
