@@ -81,3 +81,28 @@ def test_draft_4bit_rounds_the_eagle_head_by_default_and_output_stays_plain_deco
         assert result.token_ids == plain and result.stats.drafted_tokens > 0
     with pytest.raises(SpecdecError, match="not a medusa head"):
         specdec.load(method="medusa", dtype="bfloat16", draft_4bit=True)
+
+
+def test_past_its_window_the_eagle_head_restarts_from_the_last_features(tmp_path, monkeypatch):
+    """A prompt with more features than the head reads at once: the head restarts from the last
+    HEAD_WINDOW positions (its cache rows from 0, rope at their own positions), drafts, and the
+    output stays plain decoding's; its cache never holds more than twice the window (plus a tree)."""
+    import specdec
+    from specdec.spec.proposers import eagle
+
+    from helpers import make_eagle_dir, make_model_dir
+    monkeypatch.setattr(eagle, "HEAD_WINDOW", 16)
+    target = make_model_dir(tmp_path / "t", layers=2, kv_heads=1, max_pos=512)
+    head = make_eagle_dir(tmp_path / "e", target)
+    spec = specdec.load(target=target, draft=head, method="eagle", dtype="float64", draft_tokens=4, calibrate=False,
+                        tree_lookup=False)
+    plain = specdec.load(target=target, dtype="float64", calibrate=False)
+    prompt = "def add(a, b):\n    return a + b\n" * 6  # ~100 tokens
+    lengths = []
+    for params in (dict(temperature=0), dict(temperature=0.9, seed=2)):
+        got = spec.generate(prompt, max_new_tokens=48, ignore_eos=True, **params)
+        assert got.token_ids == plain.generate(prompt, max_new_tokens=48, ignore_eos=True, **params).token_ids
+        assert got.stats.drafted_tokens > 0
+        proposer = spec.engine.proposer
+        lengths.append((proposer.offset, proposer.committed))
+    assert all(offset > 0 and committed <= 32 for offset, committed in lengths)
