@@ -13,7 +13,7 @@ import specdec
 from specdec.chat.fim import FAMILIES, fim_prompt, find_fim_tokens, require_fim_tokens
 from specdec.errors import SpecdecError
 
-from helpers import make_model_dir
+from helpers import make_model_dir, on_the_stack
 
 QWEN = FAMILIES[0]
 MARKERS = (QWEN.prefix, QWEN.suffix, QWEN.middle, "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>")
@@ -42,7 +42,7 @@ def fim_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain(fim_dir):
-    return specdec.load(fim_dir)
+    return on_the_stack(specdec.load(fim_dir))  # its stop test checks prefix reuse
 
 
 # ---------------------------------------------------------------- prompts

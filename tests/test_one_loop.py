@@ -5,7 +5,7 @@ import pytest
 import specdec
 from specdec.errors import SpecdecError
 
-from helpers import make_model_dir
+from helpers import make_model_dir, on_the_stack
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_each_backend_runs_lone_requests_through_the_loop(model_dir, backend):
 def test_a_cancelled_stream_leaves_its_prompt_rows_for_the_next_request(model_dir):
     """An editor cancels a completion as the user types on: the next request, which shares the
     text before the cursor, reuses those cache rows (the slot is left as the last step left it)."""
-    decoder = specdec.load(target=model_dir)
+    decoder = on_the_stack(specdec.load(target=model_dir))
     prompt = "def f(x):\n    return x + 1\n\n\ndef g(y):\n"
     stream = decoder.stream(prompt, max_new_tokens=30, temperature=0, ignore_eos=True)
     next(stream)
@@ -64,7 +64,7 @@ def test_a_drafting_request_leaves_its_prompt_rows_for_the_next_request(method):
     """Prefix reuse after speculative steps: a last step's drafts kept past max_tokens leave the
     cache at release (they kept every later prompt from reusing it), and EAGLE's head reads the
     kept prefix's target features from the last request. Output as without reuse."""
-    warm = specdec.load(method=method, dtype="bfloat16", memory=False)
+    warm = on_the_stack(specdec.load(method=method, dtype="bfloat16", memory=False))
     fresh = specdec.load(method=method, dtype="bfloat16", memory=False, reuse_prefix=False)
     prompt = "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n\ndef fib"
     prompt_tokens, drafted = len(warm.tokenizer.encode(prompt)), 0
