@@ -366,3 +366,35 @@ def test_the_stack_keeps_a_caches_buffer_addresses_and_never_another_caches():
     for _ in range(20):  # new lists, some of them where a freed one was
         fresh = buffers()
         assert list(stack._pointers(fresh)) == [t.data_ptr() for t in fresh]
+
+
+def test_the_layers_take_a_width_only_where_they_run_clearly_faster(monkeypatch):
+    """time_fast_paths on a stand-in model whose passes take fixed, known times (a fake clock):
+    layers 5% faster keep the stack (prefix reuse stays on), 30% faster take the width; the two
+    ways are timed in turn."""
+    import types
+
+    from specdec.models import stack as stack_module
+
+    class Clock:
+        now = 0.0
+
+    class Model:
+        device, config = torch.device("cpu"), types.SimpleNamespace(vocab_size=50)
+        stack = "the stack"
+        order: list[bool] = []
+
+        def new_cache(self, n):
+            return types.SimpleNamespace(rollback=lambda length: None)
+
+        def hidden_states(self, ids, cache):
+            on_stack = self.stack is not None
+            self.order.append(on_stack)
+            width = ids.shape[1]
+            Clock.now += 1.0 if on_stack else (0.95 if width <= 4 else 0.7)
+
+    monkeypatch.setattr(stack_module, "time", types.SimpleNamespace(perf_counter=lambda: Clock.now))
+    model = Model()
+    paths = stack_module.time_fast_paths(model, repeats=3)
+    assert paths.on_stack == {1: True, 2: True, 4: True, 8: False, 16: False, 32: False, 64: False}
+    assert model.stack == "the stack" and model.order[1:5] == [True, False, True, False]  # in turn
