@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import torch
 
 
-def shared_prefix(cached: list[int], tokens: list[int], limit: int, start: int = 0) -> int:
-    """How many leading tokens of `cached` equal those of `tokens`, at most limit; start: a length
-    already known to match (prefix reuse and draft-cache syncing share this)."""
+def shared_prefix(cached: list[int], tokens: list[int], limit: int, start: int = 0, offset: int = 0) -> int:
+    """How many leading tokens of `cached` equal those of `tokens` from `offset` on, at most limit;
+    start: a length already known to match (prefix reuse and draft-cache syncing share this)."""
     n = start
-    while n < limit and cached[n] == tokens[n]:
+    while n < limit and cached[n] == tokens[offset + n]:
         n += 1
     return n
 

@@ -32,6 +32,7 @@ from specdec.sampling import SamplingParams, final_probs, greedy_token, sample
 from specdec.sampling.penalties import TokenHistory
 from specdec.sampling.seeded import PositionNoise, race
 from specdec.spec.proposers.base import Proposal
+from specdec.spec.proposers.draft_model import DRAFT_WINDOW
 from specdec.spec.proposers.prompt_lookup import LOOKUP_TOKENS, PromptLookupProposer, with_lookup_chain
 from specdec.spec.proposers.vocab_map import (
     VocabMap,
@@ -175,13 +176,13 @@ class CrossVocabProposer:
         return self.cached[:n] + ids, self.ends[:n] + ends, pending
 
     def _slide(self, tokens: list[int], ends: list[int]) -> tuple[list[int], list[int], bool]:
-        """Past the draft's window: the text before the draft's last max_len / 2 tokens dropped
+        """Past the draft's window: the text before the draft's last DRAFT_WINDOW (at most max_len / 2) tokens dropped
         (at a token's end), its cache emptied, and the rest tokenized again from the start; the
         next catch-up reads it from position 0. So the draft drafts from the recent text at any
         context length (a model trained on a short window drafts from its last ~half), instead of
         not at all while each step still re-encoded the whole text (SmolLM2's 1,024-token draft
         under a ~2,000-token prompt: 2.6 ms a step, decoding 0.65x plain). Any drafts are exact."""
-        keep = self.runner.max_len // 2
+        keep = min(DRAFT_WINDOW, self.runner.max_len // 2)
         del self.text[:ends[len(tokens) - keep - 1]]
         self.runner.reset()
         self.cached, self.ends, self.verified = [], [], 0
@@ -212,7 +213,7 @@ class CrossVocabProposer:
                 noise: PositionNoise | None = None) -> Proposal:
         self._read(context)
         tokens, ends, pending = self._draft_context()
-        if len(tokens) + k + 1 > self.runner.max_len and len(tokens) > self.runner.max_len // 2 + 1:
+        if len(tokens) + k + 1 > self.runner.max_len and len(tokens) > min(DRAFT_WINDOW, self.runner.max_len // 2) + 1:
             tokens, ends, pending = self._slide(tokens, ends)
         k = min(k, self.runner.max_len - len(tokens) - 1)
         if pending or not tokens or k <= 0:  # pending: an incomplete character the draft cannot see yet

@@ -78,13 +78,13 @@ class DraftModelProposer:
         """Roll the draft cache back to its common prefix with context; return what to feed.
         The engine only appends to the context between resets, so the comparison starts after
         the prefix matched last time: O(drafted tokens) per step, not O(context)."""
-        own = context[self.offset:] if self.offset else context
-        limit = min(len(self.cached), len(own) - 1)  # always feed at least one token
-        n = shared_prefix(self.cached, own, limit, start=min(self.verified, len(own) - 1))
+        own = len(context) - self.offset  # the draft's context: context[offset:]
+        limit = min(len(self.cached), own - 1)  # always feed at least one token
+        n = shared_prefix(self.cached, context, limit, start=min(self.verified, own - 1), offset=self.offset)
         self.runner.rollback(n)
         del self.cached[n:]
         self.verified = n
-        return own[n:]
+        return context[self.offset + n:]
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None, history: TokenHistory | None = None,
