@@ -125,3 +125,23 @@ def test_no_stand_in_when_sampling(model_dir):
     spec.engine.proposer.read_seconds_per_token = 1.0
     got = spec.generate("def f(x):\n    return x + 1\n" * 6, max_new_tokens=6, temperature=1.0, seed=3)
     assert got.stats.drafted_tokens == 0 and len(spec.engine.proposer.cached) < 2
+
+
+def test_short_requests_pay_a_read_that_none_repays_alone_once_their_plain_steps_add_up():
+    """An editor's completions: ~50 tokens each under the same long file, the draft's read of it
+    (50 plain steps' time) repaid by no single request. The plain steps since the last draft count
+    across requests, so within a share of them the read is paid once (a probe); the draft then keeps
+    its cache for the next requests (DraftModelProposer.reset), where drafting pays."""
+    c = drafting_pays()
+    steps_before_probe = None
+    for request in range(10):
+        c.start_sequence()
+        for step in range(50):
+            if c.choose(8, upfront_seconds=50 * c.step_cost(0), horizon=50 - step, first_token=step == 0):
+                steps_before_probe = 50 * request + step
+                break
+        if steps_before_probe is not None:
+            break
+    # 50 plain steps' read within a tenth of the plain time: ~500 plain steps, ten requests' worth
+    assert steps_before_probe is not None and 450 <= steps_before_probe < 500
+    assert c.probing

@@ -201,6 +201,36 @@ def test_a_draft_far_behind_reads_the_contexts_last_window_only(tmp_path):
     assert proposer.offset == 68
 
 
+def test_a_restarted_draft_keeps_its_window_for_a_prompt_that_goes_on_from_it(tmp_path):
+    """An editor's next request (the file to a cursor a little further on) holds the tokens the
+    draft restarted from: the draft keeps those cache rows (offset and all) and reads only what is
+    new, drafting what a draft restarted there afresh drafts; a prompt that differs after the
+    offset (or ends before it) starts over from position 0."""
+    model = load_native(make_model_dir(tmp_path / "d", tokenizer="char", vocab_size=24, max_pos=64), "float32")
+    greedy = SamplingParams(temperature=0.0)
+    rng = random.Random(2)
+    proposer = DraftModelProposer(NativeRunner(model))
+    context = [rng.randrange(1, 24) for _ in range(100)]
+    proposer.reset(context)
+    proposer.propose(context, 3, greedy, None)
+    assert proposer.offset == 68
+    follow_up = context + [rng.randrange(1, 24) for _ in range(5)]  # the cursor 5 tokens on
+    proposer.reset(follow_up)
+    assert proposer.offset == 68 and proposer.cached == context[68:] and proposer.runner.length == 32
+    fresh = DraftModelProposer(NativeRunner(model))  # the window's tokens read afresh at positions 0, 1, ...
+    fresh.runner.extend(follow_up[68:-1], want_logits=False)
+    fresh.cached, fresh.verified = follow_up[68:-1], len(follow_up) - 69
+    assert proposer.propose(follow_up, 3, greedy, None).tokens == fresh.propose(follow_up[68:], 3, greedy, None).tokens
+    assert proposer.offset == 68 and proposer.cached[:37] == follow_up[68:]
+    edited = follow_up[:80] + [(t % 23) + 1 for t in follow_up[80:]]  # changed after the offset
+    proposer.reset(edited)
+    assert proposer.offset == 68 and proposer.cached == edited[68:80] and proposer.runner.length == 12
+    proposer.reset(context[:50])  # ends before the offset: nothing of the window applies
+    assert proposer.offset == 0 and proposer.cached == [] and proposer.runner.length == 0
+    proposer.reset(context)
+    assert proposer.offset == 0 and proposer.cached == [] and proposer.runner.length == 0
+
+
 def test_past_its_window_a_same_vocabulary_draft_keeps_drafting_losslessly(tmp_path):
     import specdec
     target = make_model_dir(tmp_path / "t", tokenizer="char", vocab_size=24, max_pos=512)

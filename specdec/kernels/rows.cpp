@@ -1022,6 +1022,7 @@ VNNI_TARGET inline void vnni_rows(const QuantizedRows& xr, const uint8_t* xu, co
         const __m512i start = SIGNED ? shift_share<P>(col) : _mm512_setzero_si512();
         const __m512 f = group_factors<G, S>(gs.scale, gs.scale_super, blk, g, KG, KS);
         const __m512 o = OFF ? group_factors<G, S>(gs.offset, gs.offset_super, blk, g, KG, KS) : _mm512_setzero_ps();
+#pragma GCC unroll 16  // the rows' sums in registers (else on the stack: a load and a store a group and row)
         for (int j = 0; j < R; ++j) {
             const int64_t m = m0 + j;
             const __m512i dot = SIGNED ? group_dot_signed<P>(col, xu + m * K + g * G, start)

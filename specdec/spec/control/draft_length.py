@@ -81,13 +81,17 @@ class DraftLengthController:
         """A new text: costs carry over, but its acceptance may differ, so the old evidence
         is halved (but kept at `kept_evidence` steps' worth at least: else the prior, not the
         drafts' failures, decides the next text's first steps) and, if plain steps were
-        winning, the first step probes again."""
+        winning, the first step probes again. The plain steps counted since the last draft
+        carry over: a drafter's read that no short request repays (an editor's completions of
+        ~50 tokens under a ~2,000-token file) is still paid once the plain steps of the
+        requests before make it a small share (probe_read_fits); the draft model then keeps its
+        cache for the next request (DraftModelProposer.reset)."""
         evidence = self.accepted_count + self.rejected_count
         scale = max(0.5, min(1.0, self.kept_evidence / evidence)) if evidence else 1.0
         self.accepted_count *= scale
         self.rejected_count *= scale
         self.probe_gap = self.probe_every
-        self.plain_streak = self.probe_every
+        self.plain_streak = max(self.plain_streak, self.probe_every)
 
     def choose(self, limit: int, upfront_seconds: float = 0.0, horizon: int | None = None,
                first_token: bool = False) -> int:

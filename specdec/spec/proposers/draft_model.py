@@ -47,17 +47,24 @@ class DraftModelProposer:
         """A new text: keep the prefix of the prompt the draft cache already holds where its rows
         are what a fresh prefill writes (Runner.kv_rows_invariant: the drafts, and so the speed,
         never depend on earlier prompts; past DRAFT_WINDOW, on where the draft last restarted).
+        A draft that restarted at `offset` keeps its cache where the prompt holds the same tokens
+        from there on: an editor's next request (the file to a cursor a few lines on) then reads
+        only what is new, where it used to read its whole window again, which its controller
+        would not pay for a short completion (Qwen pair: every request after the first decoded
+        plainly; bench/results/README.md "stop 69").
         The rest is read at the first draft (propose's catch-up, timed as sync_seconds), as a
         batch's drafters and the EAGLE head read theirs: a request whose controller keeps to
         plain steps (T=1 where drafts are rarely kept) never pays the draft's prefill (the Qwen
         pair's 0.5B: 0.2-0.7 s a prompt)."""
         n = 0
-        if (self.reuse_prefix and getattr(self.runner, "kv_rows_invariant", False) and self.offset == 0
-                and self.runner.length == len(self.cached)):
-            n = shared_prefix(self.cached, prompt_ids, min(len(self.cached), len(prompt_ids) - 1))
+        if (self.reuse_prefix and getattr(self.runner, "kv_rows_invariant", False)
+                and self.runner.length == len(self.cached) and len(prompt_ids) - 1 > self.offset):
+            n = shared_prefix(self.cached, prompt_ids, min(len(self.cached), len(prompt_ids) - 1 - self.offset),
+                              offset=self.offset)
         self.runner.rollback(n)
-        self.cached = list(prompt_ids[:n])
-        self.offset, self.verified = 0, n
+        self.cached = list(prompt_ids[self.offset:self.offset + n])
+        self.offset = self.offset if n else 0
+        self.verified = n
 
     def upfront_seconds(self, context: list[int]) -> float:
         """Seconds the next draft would first spend reading what the draft cache lacks (its
