@@ -145,3 +145,29 @@ def test_short_requests_pay_a_read_that_none_repays_alone_once_their_plain_steps
     # 50 plain steps' read within a tenth of the plain time: ~500 plain steps, ten requests' worth
     assert steps_before_probe is not None and 450 <= steps_before_probe < 500
     assert c.probing
+
+
+
+def test_a_request_that_goes_on_from_a_cached_prompt_counts_one_more_like_it():
+    """A one-off request's read must be repaid by its own tokens left; one whose prompt reused the
+    cache an earlier request left (an editor's next completion) counts one more request of its
+    length too, since the draft keeps what it reads (engine/batch_drafting.py own_budget)."""
+    from types import SimpleNamespace
+
+    from specdec.engine.batch_drafting import BatchDrafting
+
+    c = drafting_pays()
+    k = c.choose(8)
+    a = c.acceptance
+    saving = c.step_cost(0) - c.step_cost(k) / ((1 - a ** (k + 1)) / (1 - a))  # a token, at K
+    read = 60 * saving  # repaid by 60 tokens' saving: not by 50, by 50 + 50
+
+    def budget(cached_prompt_tokens: int) -> int:
+        seq = SimpleNamespace(controller=c, context=[1] * 2000, generated=[5], remaining=50,
+                              params=SimpleNamespace(max_new_tokens=51),
+                              stats=SimpleNamespace(cached_prompt_tokens=cached_prompt_tokens))
+        entry = SimpleNamespace(seq=seq, tree=False, proposer=SimpleNamespace(upfront_seconds=lambda context: read))
+        return BatchDrafting.own_budget(entry, 8, alone=True)
+
+    assert budget(0) == 0 and c.held_back  # a one-off request: 50 tokens do not repay the read
+    assert budget(1900) == k  # its prompt went on from a cached one: 50 + 51 tokens do

@@ -134,12 +134,17 @@ class BatchDrafting:
     def own_budget(entry: BatchEntry, limit: int, alone: bool) -> int:
         """A sequence's budget from its own controller; a lone draft model's read of what its
         cache lacks (its prompt: read at the first draft) counts against drafting's saving
-        over the tokens left, and never delays the first token."""
+        over the tokens left, and never delays the first token. A request that went on from an
+        earlier one's cache (its prompt reused a prefix: an editor's next completion, a chat's
+        next turn) is taken to have one more like it after it, for which the draft keeps what it
+        reads (DraftModelProposer.reset): the saving over both then repays the read. A one-off
+        request keeps to its own tokens."""
         upfront = getattr(entry.proposer, "upfront_seconds", None)
         seq = entry.seq
         if not alone or entry.tree or upfront is None:
             return seq.controller.choose(limit)
-        return seq.controller.choose(limit, upfront_seconds=upfront(seq.context), horizon=seq.remaining,
+        horizon = seq.remaining + (seq.params.max_new_tokens if seq.stats.cached_prompt_tokens else 0)
+        return seq.controller.choose(limit, upfront_seconds=upfront(seq.context), horizon=horizon,
                                      first_token=not seq.generated)
 
     def lookup_while_unread(self, entry: BatchEntry, slot: int, limit: int) -> dict[int, tuple[Proposal, float]]:
