@@ -524,11 +524,11 @@ struct QuantizedRows {  // x quantized per row and block of 32 (or 256), with ea
     std::vector<float> d;  // [M, K / 32], or [K / QB, M] (SUPER)
     std::vector<float> sums;  // [M, K / G]: dx * sum of the group's quantized values (one level)
     std::vector<int16_t> group_sums;  // SUPER: [K / QB, M, QB / G], each group's sum of quantized values
-    std::vector<uint8_t> shifted;  // SHIFTED: [M, K], q + 128 (group_dot_signed)
+    std::vector<int32_t> shares;  // SHIFT_SHARES: [M, K / G], -128 x the group's sum of q (vnni_rows, signed weights)
     std::vector<int32_t> pairs;  // SUM_PAIRS: [M, K / G / 2], groups 2i and 2i + 1's sums of q as an
                                  // int16 pair (low: 2i), each |sum| <= 32 x 127 (vnni_super_rows)
 };
-enum RowExtras { SHIFTED = 1, SUM_PAIRS = 2 };
+enum RowExtras { SHIFT_SHARES = 1, SUM_PAIRS = 2 };
 
 inline __m256 load_x8(const void* x, bool bf16, int64_t i) {
     return bf16 ? Bf16::load(static_cast<const uint16_t*>(x) + i) : _mm256_loadu_ps(static_cast<const float*>(x) + i);
@@ -605,13 +605,17 @@ inline std::shared_ptr<const QuantizedRows> quantize_rows(const void* x, bool bf
         out.d.resize(M * (K / QB));
         if (SUPER) out.group_sums.resize(M * (K / G));
         else out.sums.resize(M * (K / G));
-        if (extras & SHIFTED) out.shifted.resize(M * K);
+        if (extras & SHIFT_SHARES) out.shares.resize(M * (K / G));
         if (extras & SUM_PAIRS) out.pairs.resize(M * (K / G / 2));
     };
     const auto row = [&](QuantizedRows& out, int64_t m) {
         quantize_row<QB, PAIRS, SUPER>(x, bf16, M, K, G, m, out);
-        if (extras & SHIFTED)
-            for (int64_t i = m * K; i < (m + 1) * K; ++i) out.shifted[i] = uint8_t(out.q[i]) ^ 0x80;
+        if (extras & SHIFT_SHARES)
+            for (int64_t i = m * (K / G); i < (m + 1) * (K / G); ++i) {
+                int32_t sum = 0;
+                for (int64_t k = 0; k < G; ++k) sum += out.q[i * G + k];
+                out.shares[i] = -128 * sum;
+            }
         if (extras & SUM_PAIRS)
             for (int64_t i = m * (K / G / 2); i < (m + 1) * (K / G / 2); ++i) {
                 int32_t low = 0, high = 0;
@@ -904,8 +908,11 @@ void glinear(const void* x, bool x_bf16, const uint8_t* w, const GroupScales& gs
 // (offsets alike); then + bias and one rounding. A row's bits depend on nothing else in the call
 // (batch-invariant), but differ from qtile()/ktile()'s order: which layout a model's weights take
 // is chosen once per machine (variants.py "grouped"), so a weight always runs one way.
-// Signed weights (Q8_0) stay signed: x is shifted by 128 to unsigned and the shift's share, -128 sum(w) a
-// group and output, starts each dot's chain (group_dot_signed).
+// Signed weights (Q8_0) are read as unsigned, w + 128 (their sign bit flipped as they are loaded), against
+// x as it is, and each row's chain starts at the shift's share, -128 sum(x) a group (quantize_rows
+// SHIFT_SHARES): sum x (w + 128) - 128 sum x = sum x w, the same integers as x shifted against the
+// weights as they are (which took a share -128 sum(w) a group and output: 8 more VPDPBUSD a group's
+// 16 outputs, as many as one row's dots).
 // (Tried: AMX-INT8 tiles per group over row-major weights: flat in rows but 3x slower than AVX2 at
 // one row, the per-group tile steps' latency and stores; see variants.py.)
 int grouped_columns_kernel = 0;  // 1 where this build has the AVX-512 VNNI code and load() chose it
@@ -962,25 +969,16 @@ VNNI_TARGET inline __m512i group_dot(const __m512i* col, const int8_t* xg) {
     return _mm512_add_epi32(even, odd);
 }
 
-// The same dots for signed weights (Q8_0): x shifted to unsigned (x + 128) as VPDPBUSD's unsigned
-// operand and the weights as they are, the chain started at the shift's share, -128 sum(w) (start):
-// the same integers, with no per-row correction
+// The same dots for signed weights (Q8_0), their runs as w + 128 (col): the chain started at the row's
+// shift share, -128 sum(x) (share), so the sum is sum x w exactly
 template <int P>
-VNNI_TARGET inline __m512i group_dot_signed(const __m512i* col, const uint8_t* xg, __m512i start) {
-    __m512i even = start, odd = _mm512_setzero_si512();
+VNNI_TARGET inline __m512i group_dot_shifted(const __m512i* col, const int8_t* xg, int32_t share) {
+    __m512i even = _mm512_set1_epi32(share), odd = _mm512_setzero_si512();
     for (int p = 0; p < P; p += 2) {
-        even = _mm512_dpbusd_epi32(even, _mm512_broadcastd_epi32(_mm_loadu_si32(xg + 4 * p)), col[p]);
-        odd = _mm512_dpbusd_epi32(odd, _mm512_broadcastd_epi32(_mm_loadu_si32(xg + 4 * p + 4)), col[p + 1]);
+        even = _mm512_dpbusd_epi32(even, col[p], _mm512_broadcastd_epi32(_mm_loadu_si32(xg + 4 * p)));
+        odd = _mm512_dpbusd_epi32(odd, col[p + 1], _mm512_broadcastd_epi32(_mm_loadu_si32(xg + 4 * p + 4)));
     }
     return _mm512_add_epi32(even, odd);
-}
-
-// -128 x each output's sum of a group's signed weights (group_runs' P runs)
-template <int P>
-VNNI_TARGET inline __m512i shift_share(const __m512i* col) {
-    __m512i sum = _mm512_setzero_si512();
-    for (int p = 0; p < P; ++p) sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi8(1), col[p]);
-    return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7));
 }
 
 // store() on 16 lanes, the same bits: bfloat16 to nearest even, NaN a quiet NaN (one at a time
@@ -1003,7 +1001,7 @@ VNNI_TARGET inline void store_sums(Y* y, __m512 acc, const float* bias) {
 // R rows from m0 of block blk's 16 outputs: R a constant, so the sums stay in registers (a
 // runtime count kept them on the stack, a store and a load a group and row)
 template <int G, bool NIB, bool SIGNED, bool OFF, int S, int R, class Y>
-VNNI_TARGET inline void vnni_rows(const QuantizedRows& xr, const uint8_t* xu, const uint8_t* wb,
+VNNI_TARGET inline void vnni_rows(const QuantizedRows& xr, const uint8_t* wb,
                                   const GroupScales& gs, const float* bias, Y* y, int64_t ldy, int64_t m0,
                                   int64_t blk, int64_t K) {
     constexpr int64_t GB = NIB ? G / 2 : G;  // weight bytes of a group and output
@@ -1019,13 +1017,14 @@ VNNI_TARGET inline void vnni_rows(const QuantizedRows& xr, const uint8_t* xu, co
             _mm_prefetch(reinterpret_cast<const char*>(wc + GROUPED_PREFETCH + 64 * k), _MM_HINT_T0);
         __m512i col[P];
         group_runs<G, NIB>(wc, col);
-        const __m512i start = SIGNED ? shift_share<P>(col) : _mm512_setzero_si512();
+        if constexpr (SIGNED)  // w + 128: unsigned, VPDPBUSD's first operand
+            for (int p = 0; p < P; ++p) col[p] = _mm512_xor_si512(col[p], _mm512_set1_epi8(char(0x80)));
         const __m512 f = group_factors<G, S>(gs.scale, gs.scale_super, blk, g, KG, KS);
         const __m512 o = OFF ? group_factors<G, S>(gs.offset, gs.offset_super, blk, g, KG, KS) : _mm512_setzero_ps();
 #pragma GCC unroll 16  // the rows' sums in registers (else on the stack: a load and a store a group and row)
         for (int j = 0; j < R; ++j) {
             const int64_t m = m0 + j;
-            const __m512i dot = SIGNED ? group_dot_signed<P>(col, xu + m * K + g * G, start)
+            const __m512i dot = SIGNED ? group_dot_shifted<P>(col, xr.q.data() + m * K + g * G, xr.shares[m * KG + g])
                                        : group_dot<P>(col, xr.q.data() + m * K + g * G);
             acc[j] = group_step<OFF>(acc[j], dot, f, o, xr.d[m * KB + g * G / 32], OFF ? xr.sums[m * KG + g] : 0.0f);
         }
@@ -1440,14 +1439,13 @@ VNNI_TARGET void vnni_glinear(const QuantizedRows& xr, const uint8_t* w, const G
         amx_glinear<G, NIB, SIGNED, OFF, S>(xr, w, gs, bias, y, ldy, wide, blocks, K);
         if (wide == M) return;
     }
-    const uint8_t* xu = xr.shifted.data();  // x + 128 (group_dot_signed), row m at xu + m * K
     #pragma omp for schedule(static) nowait
     for (int64_t blk = 0; blk < blocks; ++blk) {
         const uint8_t* wb = w + blk * 16 * ldw;
         for (int64_t m0 = wide; m0 < M; m0 += 8) {  // 8 rows' sums and a group's weights within 32 registers
             switch (std::min<int64_t>(8, M - m0)) {
 #define SPECDEC_VNNI_ROWS(R) \
-    case R: vnni_rows<G, NIB, SIGNED, OFF, S, R>(xr, xu, wb, gs, bias, y, ldy, m0, blk, K); break;
+    case R: vnni_rows<G, NIB, SIGNED, OFF, S, R>(xr, wb, gs, bias, y, ldy, m0, blk, K); break;
                 SPECDEC_VNNI_ROWS(1) SPECDEC_VNNI_ROWS(2) SPECDEC_VNNI_ROWS(3) SPECDEC_VNNI_ROWS(4)
                 SPECDEC_VNNI_ROWS(5) SPECDEC_VNNI_ROWS(6) SPECDEC_VNNI_ROWS(7) SPECDEC_VNNI_ROWS(8)
 #undef SPECDEC_VNNI_ROWS
@@ -1473,7 +1471,7 @@ int grouped(const void* x, bool x_bf16, const uint8_t* w, bool columns, const Gr
             vnni_super_glinear<G, NIB, (S > 0 ? S : 32)>(*xr, w, gs, bias, y, ldy, M, N, K);
             return 0;
         }
-        const auto xr = quantize_rows<32>(x, x_bf16, M, K, G, SIGNED ? SHIFTED : 0);
+        const auto xr = quantize_rows<32>(x, x_bf16, M, K, G, SIGNED ? SHIFT_SHARES : 0);
         vnni_glinear<G, NIB, SIGNED, OFF, S>(*xr, w, gs, bias, y, ldy, M, N, K);
         return 0;
     }
