@@ -2,7 +2,8 @@
 down a function's body a few lines a request (what an editor sends as the user types on), each
 request answered with prefix reuse on (as `specdec serve` keeps it: the last request's cache). The
 first request of a session reads the whole ~10,000-character prompt; the later ones only what is
-new, so their time is decoding (and any drafter's reads). Methods take turns request by request.
+new, so their time is decoding (and any drafter's reads). Methods take turns request by request;
+each request's greedy tokens are compared with the first method's (list `none` first: lossless).
 
     python scripts/editor_session.py qwen-coder none,ngram,draft,draft+lookup [new_tokens] [requests] [sessions]
 """
@@ -54,13 +55,17 @@ def main() -> None:
         decoder.generate("def f(x):\n    return", temperature=0.0, max_new_tokens=8, ignore_eos=True)
     later = {m: [] for m in methods}  # (wall, decode seconds, tokens) of each session's later requests
     first = {m: [] for m in methods}
+    same = {m: 0 for m in methods}  # requests whose greedy tokens equal the first method's
     for name, lines, start, body in sessions(count):
+        outputs: dict[int, list[int]] = {}
         for r in range(requests):
             prompt = "".join(lines[start:body + LINES_A_REQUEST * r])
             for m, decoder in decoders.items():
                 t0 = time.perf_counter()
-                s = decoder.generate(prompt, temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True).stats
-                wall = time.perf_counter() - t0
+                result = decoder.generate(prompt, temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
+                wall, s = time.perf_counter() - t0, result.stats
+                outputs.setdefault(r, result.token_ids)  # the first method's (none, listed first: plain's)
+                same[m] += result.token_ids == outputs[r]
                 (later if r else first)[m].append((wall, s.wall_seconds - s.prefill_seconds, s.new_tokens))
                 print(f"{name} request {r} {m:6s} {wall:6.2f} s (prefill {s.prefill_seconds:5.2f} s, "
                       f"{s.cached_prompt_tokens} prompt tokens reused; {s.target_forwards} passes, "
@@ -74,7 +79,8 @@ def main() -> None:
         ratio = f"{plain / wall:.2f}x" if plain else "-"
         print(f"{m:6s} later requests: {wall:6.2f} s in all, {statistics.mean(w for w, _, _ in later[m]):.3f} s a "
               f"request, decoding {tokens / decode:5.1f} tok/s, {ratio} plain's time | first requests "
-              f"{sum(w for w, _, _ in first[m]):.2f} s")
+              f"{sum(w for w, _, _ in first[m]):.2f} s | tokens identical to {methods[0]}'s: "
+              f"{same[m]}/{len(later[m]) + len(first[m])}")
 
 
 if __name__ == "__main__":
