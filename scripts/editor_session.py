@@ -16,6 +16,7 @@ import torch
 from specdec.data.corpus import split_files, stdlib_root
 from specdec.data.prompts import long_functions
 from specdec.engine.decoder import load
+from specdec.kernels import build
 from specdec.models.bundled import default_head
 
 LINES_A_REQUEST = 3
@@ -45,12 +46,13 @@ def main() -> None:
     requests = int(sys.argv[4]) if len(sys.argv) > 4 else 8
     count = int(sys.argv[5]) if len(sys.argv) > 5 else 2
     torch.set_num_threads(2)
-    # memory=False: a run must not start from what earlier runs taught the controllers
-    # NAME+lookup: the greedy drafts hold the prompt-lookup chain (tree_lookup=True)
-    decoders = {m: load(target=target, method=m.split("+")[0], dtype="bfloat16", memory=False,
-                        draft=default_head(target, m.split("+")[0]) if m.split("+")[0] in ("draft", "eagle", "medusa")
-                        else None, tree_lookup=True if m.endswith("+lookup") else None)
-                for m in methods}
+    decoders = {}
+    for m in methods:
+        base, _, extra = m.partition("+")  # NAME+lookup: greedy drafts hold the prompt-lookup chain
+        # memory=False: a run must not start from what earlier runs taught the controllers
+        decoders[m] = load(target=target, method=base, dtype="bfloat16", memory=False,
+                           draft=default_head(target, base) if base in ("draft", "eagle", "medusa") else None,
+                           tree_lookup=True if extra == "lookup" else None)
     for decoder in decoders.values():
         decoder.generate("def f(x):\n    return", temperature=0.0, max_new_tokens=8, ignore_eos=True)
     later = {m: [] for m in methods}  # (wall, decode seconds, tokens) of each session's later requests
@@ -71,7 +73,8 @@ def main() -> None:
                       f"{s.cached_prompt_tokens} prompt tokens reused; {s.target_forwards} passes, "
                       f"drafting {s.draft_seconds:.2f} s)", flush=True)
     plain = sum(w for w, _, _ in later["none"]) if "none" in later else None
-    print(f"\n{target}, {count} sessions x {requests} requests of {new_tokens} tokens, greedy; AMD/Intel: see lscpu")
+    print(f"\n{target}, {count} sessions x {requests} requests of {new_tokens} tokens, greedy; {build.cpu_model()}, "
+          f"{torch.get_num_threads()} threads")
     for m in methods:
         wall = sum(w for w, _, _ in later[m])
         tokens = sum(n for _, _, n in later[m])
