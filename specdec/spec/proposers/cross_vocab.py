@@ -70,6 +70,7 @@ class CrossVocabProposer:
                  draft_pieces: list[bytes | None], target_pieces: list[bytes | None], mode: str = "auto",
                  lookup: bool = False):
         self.runner = runner
+        self.window = min(DRAFT_WINDOW, runner.max_len // 2)  # the draft tokens kept as it slides (_slide)
         # greedy drafts also hold the prompt-lookup chain (a tree where they differ): the target
         # must verify trees; a proposal of budget k then holds up to max(k, tree_floor) nodes
         self.lookup = PromptLookupProposer() if lookup else None
@@ -176,14 +177,13 @@ class CrossVocabProposer:
         return self.cached[:n] + ids, self.ends[:n] + ends, pending
 
     def _slide(self, tokens: list[int], ends: list[int]) -> tuple[list[int], list[int], bool]:
-        """Past the draft's window: the text before the draft's last DRAFT_WINDOW (at most max_len / 2) tokens dropped
+        """Past the draft's window: the text before the draft's last `window` tokens dropped
         (at a token's end), its cache emptied, and the rest tokenized again from the start; the
         next catch-up reads it from position 0. So the draft drafts from the recent text at any
         context length (a model trained on a short window drafts from its last ~half), instead of
         not at all while each step still re-encoded the whole text (SmolLM2's 1,024-token draft
         under a ~2,000-token prompt: 2.6 ms a step, decoding 0.65x plain). Any drafts are exact."""
-        keep = min(DRAFT_WINDOW, self.runner.max_len // 2)
-        del self.text[:ends[len(tokens) - keep - 1]]
+        del self.text[:ends[len(tokens) - self.window - 1]]
         self.runner.reset()
         self.cached, self.ends, self.verified = [], [], 0
         return self._draft_context()
@@ -213,7 +213,7 @@ class CrossVocabProposer:
                 noise: PositionNoise | None = None) -> Proposal:
         self._read(context)
         tokens, ends, pending = self._draft_context()
-        if len(tokens) + k + 1 > self.runner.max_len and len(tokens) > min(DRAFT_WINDOW, self.runner.max_len // 2) + 1:
+        if len(tokens) + k + 1 > self.runner.max_len and len(tokens) > self.window + 1:
             tokens, ends, pending = self._slide(tokens, ends)
         k = min(k, self.runner.max_len - len(tokens) - 1)
         if pending or not tokens or k <= 0:  # pending: an incomplete character the draft cannot see yet
