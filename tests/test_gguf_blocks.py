@@ -89,6 +89,28 @@ def test_grouped_products_are_the_quantized_dot_products_and_row_invariant(kind)
         assert g.scale.dtype == torch.int8 and g.nbytes / (45 * 512) <= g.bits / 8 + 0.1
 
 
+@needs_kernels
+def test_q6k_packed_to_6_bits_gives_the_byte_layouts_bits_in_three_quarters_of_the_bytes():
+    if build.kernels_in_use().get("grouped") != "vnni":
+        pytest.skip("the columns layout is AVX-512 VNNI's")
+    g = unpack("Q6_K", random_blocks("Q6_K", 48, 512, seed=2), (48, 512))
+    packed, byte_a_value = g.in_columns(six=True), g.in_columns()
+    assert packed.bits == 6 and packed.q.numel() * 4 == byte_a_value.q.numel() * 3
+    rows = torch.tensor([0, 7, 16, 33, 47])
+    assert torch.equal(packed.row_major_q(rows), g.q[rows])  # unpacked again exactly
+    assert torch.equal(packed.dequantized(), g.dequantized())
+    x = torch.randn(11, 512, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    for m in (1, 3, 8, 11):
+        want = invariant.linear_grouped(x[:m], byte_a_value.q, byte_a_value.scale, byte_a_value.offset, 16, bits=8,
+                                        scale_super=byte_a_value.scale_super,
+                                        offset_super=byte_a_value.offset_super, columns=True)
+        got = invariant.linear_grouped(x[:m], packed.q, packed.scale, packed.offset, 16, bits=6,
+                                       scale_super=packed.scale_super, offset_super=packed.offset_super, columns=True)
+        assert torch.equal(got, want), m
+    with pytest.raises(ValueError, match="6-bit"):
+        unpack("Q8_0", random_blocks("Q8_0", 16, 512), (16, 512)).in_columns(six=True)
+
+
 @pytest.mark.parametrize("kind,cols", [("Q5_0", 512), ("Q8_0", 96), ("Q6_K", 512), ("Q5_0", 896), ("Q8_0", 384)])
 def test_a_draft_rounded_to_4_bits_is_within_half_a_step_of_its_weights(kind, cols):
     g = unpack(kind, random_blocks(kind, 40, cols, seed=2), (40, cols))

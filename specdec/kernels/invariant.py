@@ -65,7 +65,8 @@ def linear_grouped(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, offset
                    offset_super: torch.Tensor | None = None, columns: bool = False) -> torch.Tensor | None:
     """x [M, K] @ W.T (+ bias) for W = q * scale (+ offset) by groups of `group` (16 or 32)
     inputs, x quantized to 8 bits by blocks of 32 as llama.cpp does (rows.cpp): q uint8 [N, K],
-    or [N, K / 2] holding 4-bit values (bits=4, groups of 32), or int8 [N, K] without offsets;
+    or [N, K / 2] holding 4-bit values (bits=4, groups of 32), or [N, 3K / 4] holding values
+    below 64 (bits=6, groups of 16, two levels, columns layout only), or int8 [N, K] without offsets;
     scale and offset float32 [N, K / group] (offset may be None), or int8 times scale_super and
     offset_super float32 [N, K / S] (two levels, superblocks of S = 256 where K allows, else 128:
     super_width); bias float32 [N]; columns: q in the columns layout (Grouped.in_columns). Written
@@ -74,7 +75,7 @@ def linear_grouped(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, offset
     lib = load()
     if lib is None or x.device.type != "cpu" or x.dtype not in IO_DTYPES or x.dim() != 2 or not x.is_contiguous():
         return None
-    N, K = q.shape[0], q.shape[1] * (8 // bits)
+    N, K = q.shape[0], q.shape[1] * 8 // bits
     if scale_super is not None and scale_super.shape != (N, K // super_width(K)):
         return None  # another superblock width than the kernel's rule
     if out is None:

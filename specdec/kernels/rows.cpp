@@ -965,6 +965,19 @@ VNNI_TARGET inline void group_runs(const uint8_t* wc, __m512i* col) {
     }
 }
 
+// Q6_K's values (below 64) packed to 6 bits in the columns layout (Grouped.in_columns, bits 6): a
+// group of 16 inputs' four runs of 64 bytes as their low nibbles two a byte (runs 0 and 1, then 2
+// and 3) and their top 2 bits four a byte (run r at bits 2r), 192 bytes instead of 256: a 1-token
+// pass reads 3/4 of these weights' bytes for a few shifts and masks a group.
+VNNI_TARGET inline void group_runs6(const uint8_t* wc, __m512i* col) {
+    const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+    const __m512i t0 = _mm512_loadu_si512(wc), t1 = _mm512_loadu_si512(wc + 64), h = _mm512_loadu_si512(wc + 128);
+    col[0] = _mm512_or_si512(_mm512_and_si512(t0, low), _mm512_and_si512(_mm512_slli_epi16(h, 4), top));
+    col[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(t0, 4), low), _mm512_and_si512(_mm512_slli_epi16(h, 2), top));
+    col[2] = _mm512_or_si512(_mm512_and_si512(t1, low), _mm512_and_si512(h, top));
+    col[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(t1, 4), low), _mm512_and_si512(_mm512_srli_epi16(h, 2), top));
+}
+
 // One row's exact integer dots with a group's runs (group_runs): two chains of steps (half the
 // latency), added; each 4 inputs broadcast straight from memory (through a general register they
 // queued on the shuffle port)
@@ -1196,13 +1209,14 @@ VNNI_TARGET inline __m512i load_i8x16(const int8_t* p) {
 // token passes 0.94x / 0.93x (Qwen2.5-Coder-1.5B, AMD EPYC Zen 5), the same integers, so the same bits.
 // They run after the superblock's groups, not among them: the R offset sums then need no registers
 // while the groups' dots run (8 rows: R dots, R sums of floats and a group's 8 runs fill the 32)
-template <int G, bool NIB, int S, int R, class Y>
+template <int G, bool NIB, int S, int R, class Y, bool SIX = false>
 VNNI_TARGET inline void vnni_super_rows(const QuantizedRows& xr, const int32_t* xpair, const uint8_t* wb,
                                         const GroupScales& gs, const float* bias, Y* y, int64_t ldy, int64_t m0,
                                         int64_t blk, int64_t K) {
     constexpr int GS = S / G, P = G / 4;
     static_assert(GS % 2 == 0, "a superblock holds pairs of groups");
-    constexpr int64_t GB = NIB ? G / 2 : G;
+    static_assert(!SIX || (G == 16 && !NIB), "6-bit packing is Q6_K's: groups of 16");
+    constexpr int64_t GB = NIB ? G / 2 : SIX ? G * 3 / 4 : G;
     const int64_t KG = K / G, KS = K / S, n0 = blk * 16;
     const int8_t* scale = static_cast<const int8_t*>(gs.scale) + blk * KG * 16;
     const int8_t* offset = static_cast<const int8_t*>(gs.offset) + blk * KG * 16;
@@ -1220,7 +1234,10 @@ VNNI_TARGET inline void vnni_super_rows(const QuantizedRows& xr, const int32_t* 
             for (int k = 0; k < GB / 4; ++k)
                 _mm_prefetch(reinterpret_cast<const char*>(wc + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
             __m512i col[P];
-            group_runs<G, NIB>(wc, col);
+            if constexpr (SIX)
+                group_runs6(wc, col);
+            else
+                group_runs<G, NIB>(wc, col);
             const __m512i sc = load_i8x16(scale + g * 16);
             for (int j = 0; j < R; ++j) {
                 const __m512i dot = group_dot<P>(col, xr.q.data() + (m0 + j) * K + g * G);
@@ -1411,18 +1428,21 @@ AMX_INT8_TARGET void amx_super_glinear(const QuantizedRows& xr, const uint8_t* w
 constexpr int64_t AMX_SUPER_MIN_ROWS_8BIT = 48;
 
 // Columns [0, N) (N % 16 == 0) of y, x quantized by superblocks of S (xr: q [M, K], d [M, K / S])
-template <int G, bool NIB, int S, class Y>
+template <int G, bool NIB, int S, class Y, bool SIX = false>
 VNNI_TARGET void vnni_super_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs, const float* bias,
                                     Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
-    const int64_t KG = K / G, ldw = NIB ? K / 2 : K, blocks = N / 16;
+    const int64_t KG = K / G, ldw = NIB ? K / 2 : SIX ? K * 3 / 4 : K, blocks = N / 16;
     // rows on AMX tiles, the rest as below: from 16 rows for 4-bit values, from 48 for Q6_K, whose
     // B tiles (4 parts) cost more to build, paid again for each panel (Qwen2.5-Coder-1.5B's layers
     // 0-3, Intel Xeon with AMX, 2 threads, AMX vs VNNI: 16 rows 4.1 vs 3.0 ms, 64 rows 8.4 vs 10.5;
     // 48 rows 6.0-11.0 vs 10.6-11.2 after the masked-move build)
-    const int64_t wide = grouped_wide_kernel && M >= (NIB ? 16 : AMX_SUPER_MIN_ROWS_8BIT) ? M / 16 * 16 : 0;
-    if (wide) {
-        amx_super_glinear<G, NIB, S>(xr, w, gs, bias, y, ldy, wide, blocks, K);
-        if (wide == M) return;
+    // (6-bit packing is made only where the process did not choose AMX tiles: models/gguf_blocks.py)
+    const int64_t wide = !SIX && grouped_wide_kernel && M >= (NIB ? 16 : AMX_SUPER_MIN_ROWS_8BIT) ? M / 16 * 16 : 0;
+    if constexpr (!SIX) {
+        if (wide) {
+            amx_super_glinear<G, NIB, S>(xr, w, gs, bias, y, ldy, wide, blocks, K);
+            if (wide == M) return;
+        }
     }
     const int32_t* xpair = xr.pairs.data();
     #pragma omp for schedule(static) nowait
@@ -1431,7 +1451,7 @@ VNNI_TARGET void vnni_super_glinear(const QuantizedRows& xr, const uint8_t* w, c
         for (int64_t m0 = wide; m0 < M; m0 += 8) {
             switch (std::min<int64_t>(8, M - m0)) {
 #define SPECDEC_SUPER_ROWS(R) \
-    case R: vnni_super_rows<G, NIB, S, R>(xr, xpair, wb, gs, bias, y, ldy, m0, blk, K); break;
+    case R: vnni_super_rows<G, NIB, S, R, Y, SIX>(xr, xpair, wb, gs, bias, y, ldy, m0, blk, K); break;
                 SPECDEC_SUPER_ROWS(1) SPECDEC_SUPER_ROWS(2) SPECDEC_SUPER_ROWS(3) SPECDEC_SUPER_ROWS(4)
                 SPECDEC_SUPER_ROWS(5) SPECDEC_SUPER_ROWS(6) SPECDEC_SUPER_ROWS(7) SPECDEC_SUPER_ROWS(8)
 #undef SPECDEC_SUPER_ROWS
@@ -1512,6 +1532,17 @@ int glinear_any(const void* x, bool x_bf16, const uint8_t* w, bool columns, int 
         return grouped<32, false, true, false, 0>(x, x_bf16, w, columns, gs, bias, y, ldy, M, N, K);
     }
     if (!off) return 1;
+    if (bits == 6) {  // Q6_K packed to 6 bits: the columns layout on VNNI only
+        if (G != 16 || !two || !columns) return 1;
+#ifdef SPECDEC_AMX
+        if (N % 16 == 0 && grouped_columns_kernel) {
+            const auto xr = quantize_rows<256>(x, x_bf16, M, K, G, SUM_PAIRS);
+            vnni_super_glinear<16, false, 256, Y, true>(*xr, w, gs, bias, y, ldy, M, N, K);
+            return 0;
+        }
+#endif
+        return 1;
+    }
     const int key = (bits == 4) * 4 + (G == 16) * 2 + two;
     switch (key) {
         case 4: return grouped<32, true, false, true, 0>(x, x_bf16, w, columns, gs, bias, y, ldy, M, N, K);

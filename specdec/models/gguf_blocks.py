@@ -57,12 +57,12 @@ class Grouped:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.q.shape[0], self.q.shape[1] * (8 // self.bits)
+        return self.q.shape[0], self.q.shape[1] * 8 // self.bits
 
     def values(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
         """The integer values q of the given rows, [rows, K] int16."""
         q = self.row_major_q(rows)
-        if self.bits == 8:
+        if self.bits in (6, 8):  # 6: unpacked to a byte a value by row_major_q
             return q.to(torch.int16)
         halves = q.reshape(*q.shape[:-1], -1, 16).to(torch.int16)
         return torch.cat([halves & 15, halves >> 4], -1).reshape(*q.shape[:-1], -1)
@@ -78,10 +78,11 @@ class Grouped:
         GB = self.group // 2 if self.bits == 4 else self.group
         return self.q.shape[1] // GB, GB // 4, 4
 
-    def in_columns(self) -> Grouped:
+    def in_columns(self, six: bool = False) -> Grouped:
         """A copy in the columns layout rows.cpp's VNNI kernel streams (vnni_glinear): in each
         block of 16 rows, group by group, q's runs of 4 bytes of the 16 rows side by side, and
-        each group's (or superblock's) 16 scales and offsets side by side. Needs N a multiple of 16."""
+        each group's (or superblock's) 16 scales and offsets side by side. Needs N a multiple of 16.
+        six (Q6_K's values, below 64): q packed to 6 bits a value (pack_six), 3/4 of the bytes."""
         N, B = self.q.shape
         if self.bits == 8 and self.group == 16 and self.scale_super is not None and int(self.q.max()) >= 64:
             # the kernel splits these scales in 2-bit parts, each product with a value a byte (rows.cpp)
@@ -94,14 +95,24 @@ class Grouped:
             same = next((moved[other] for other in moved if getattr(self, other) is t), None)  # Q6_K: one tensor
             moved[name] = same if same is not None or t is None else \
                 t.reshape(N // 16, 16, -1).transpose(1, 2).contiguous().reshape(t.shape)
+        if six:
+            if not (self.bits == 8 and self.group == 16 and self.q.dtype == torch.uint8 and int(self.q.max()) < 64):
+                raise ValueError("6-bit packing takes byte-a-value weights below 64 in groups of 16 (Q6_K's)")
+            return replace(self, q=pack_six(q), bits=6, columns=True, **moved)
         return replace(self, q=q, columns=True, **moved)
 
     def row_major(self, t: torch.Tensor, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
-        """The given rows of q or of a scale tensor, row-major whichever layout they are in."""
+        """The given rows of q or of a scale tensor, row-major whichever layout they are in (q
+        packed to 6 bits: a byte a value)."""
         if not self.columns:
             return t[rows]
         N = t.shape[0]
         index = torch.arange(N)[rows]
+        if t is self.q and self.bits == 6:  # the blocks holding these rows, unpacked to bytes
+            blocks, at = torch.unique(index // 16, return_inverse=True)
+            unpacked = replace(self, q=unpack_six(t.reshape(N // 16, -1)[blocks]).reshape(len(blocks) * 16, -1),
+                               bits=8)
+            return unpacked.row_major(unpacked.q, at * 16 + index % 16)
         if t is self.q:
             grid = t.reshape(N // 16, *self._runs()[:2], 16, 4)
             return grid[index // 16, :, :, index % 16].reshape(len(index), t.shape[1])
@@ -123,11 +134,39 @@ class Grouped:
 
 def for_kernels(g: Grouped) -> Grouped:
     """g in the layout this machine's grouped products read: the columns layout where the kernels
-    chose VNNI for them (kernels/variants.py "grouped") and N is a multiple of 16, else g."""
+    chose VNNI for them (kernels/variants.py "grouped") and N is a multiple of 16, else g. Q6_K's
+    values packed to 6 bits there (a 1-token pass reads 3/4 of their bytes: Qwen2.5-Coder-1.5B's
+    output head and half its down projections), except where AMX tiles run wide passes (they read
+    a byte a value)."""
     N, K = g.shape
     if g.columns or N % 16 or K % 32 or kernels_in_use().get("grouped") != "vnni":
         return g
-    return g.in_columns()
+    six = (g.bits == 8 and g.group == 16 and g.q.dtype == torch.uint8 and g.scale_super is not None
+           and g.offset is not None and K % 256 == 0 and kernels_in_use().get("grouped_wide") != "amx"
+           and int(g.q.max()) < 64)
+    return g.in_columns(six)
+
+
+def pack_six(q: torch.Tensor) -> torch.Tensor:
+    """Byte-a-value columns-layout q [N, K] (values below 64, groups of 16: runs of 64 bytes, four
+    a group) -> [N, 3K / 4]: each group's runs 0-3 as (r0 & 15) | (r1 & 15) << 4, the same of r2
+    and r3, then r0 >> 4 | r1 >> 4 << 2 | r2 >> 4 << 4 | r3 >> 4 << 6 (rows.cpp group_runs6)."""
+    N, K = q.shape
+    runs = q.reshape(N // 16, K // 16, 4, 64)
+    low, top = runs & 15, runs >> 4
+    packed = torch.cat([low[:, :, 0] | low[:, :, 1] << 4, low[:, :, 2] | low[:, :, 3] << 4,
+                        top[:, :, 0] | top[:, :, 1] << 2 | top[:, :, 2] << 4 | top[:, :, 3] << 6], dim=-1)
+    return packed.reshape(N, K * 3 // 4)
+
+
+def unpack_six(packed: torch.Tensor) -> torch.Tensor:
+    """pack_six's inverse on [blocks, bytes] of whole 16-row blocks: [blocks, 16 * K] bytes."""
+    blocks, B = packed.shape
+    groups = packed.reshape(blocks, B // 192, 3, 64)
+    lo01, lo23, top = groups[:, :, 0], groups[:, :, 1], groups[:, :, 2]
+    runs = torch.stack([lo01 & 15 | (top & 3) << 4, lo01 >> 4 | (top >> 2 & 3) << 4,
+                        lo23 & 15 | (top >> 4 & 3) << 4, lo23 >> 4 | (top >> 6) << 4], dim=2)
+    return runs.reshape(blocks, -1)
 
 
 def _f16(b: np.ndarray) -> np.ndarray:

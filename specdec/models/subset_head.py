@@ -18,7 +18,8 @@ def grouped_rows(g: Grouped, rows: torch.Tensor) -> Grouped:
         return None if t is None else g.row_major(t, rows).contiguous()
     scale = pick(g.scale)
     offset = scale if g.offset is g.scale else pick(g.offset)  # Q6_K: one tensor for both
-    return Grouped(pick(g.q), scale, offset, g.group, g.bits, pick(g.scale_super), pick(g.offset_super))
+    return Grouped(pick(g.q), scale, offset, g.group, 8 if g.bits == 6 else g.bits,  # 6: row_major unpacks
+                   pick(g.scale_super), pick(g.offset_super))
 
 
 class SubsetHead(nn.Module):
