@@ -40,3 +40,15 @@ def test_the_command_line_and_load_describe_the_same_decoder():
     assert decoder_config(args) == DecoderConfig(method="eagle", tree_lookup=False)
     decoder = specdec.load_config(DecoderConfig(method="ngram", memory=False, calibrate=False))
     assert decoder.method == "ngram" and decoder.generate("def f(x):", max_new_tokens=4).stats.new_tokens == 4
+
+
+def test_the_bundled_coders_draft_cuts_its_head_unless_told_otherwise():
+    from specdec.models.bundled import default_draft_vocab
+
+    assert default_draft_vocab("qwen-coder-draft") == 65536 and default_draft_vocab("QWEN-CODER-DRAFT") == 65536
+    assert default_draft_vocab("qwen-coder") == 0 and default_draft_vocab(None) == 0
+    assert default_draft_vocab("/no/such/draft") == 0
+    args = build_parser().parse_args(["generate", "x", "--method", "draft"])
+    assert decoder_config(args).draft_vocab is None  # the draft's own default
+    args = build_parser().parse_args(["generate", "x", "--method", "draft", "--draft-vocab", "0"])
+    assert decoder_config(args).draft_vocab == 0  # the whole head

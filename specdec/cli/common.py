@@ -58,10 +58,10 @@ def add_model_args(p: argparse.ArgumentParser, methods: tuple[str, ...] = METHOD
                    help="round a GGUF draft's one-value-a-byte projections (Q5_0, Q8_0, Q6_K), or an EAGLE "
                         "head's, to 4 bits: a cheaper draft pass (default on for GGUF drafts and EAGLE heads); "
                         "lossless")
-    p.add_argument("--draft-vocab", type=int, default=0, metavar="N",
-                   help="cut a GGUF draft's output head to its N most frequent tokens in Python code (0, the "
-                        "default: all): a cheaper draft pass (Qwen 0.5B, 32768: 17 vs 20.5 ms a drafted token); "
-                        "lossless; for code, not for prompts in other languages")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="cut a GGUF draft's output head to its N most frequent tokens in Python code (0: all; "
+                        "default: the draft's own, 65536 for qwen-coder-draft, else 0): a cheaper draft pass; "
+                        "lossless; prompts in other languages (Chinese) lose drafts: use 0 for them")
     add_quantize_args(p)
     p.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
                    help="projection weights packed once for oneDNN's matmul: 1.2-1.3x faster decoding on CPU "
@@ -184,7 +184,7 @@ def decoder_config(args: argparse.Namespace, **overrides) -> DecoderConfig:
                   quantize=args.quantize, group_size=args.group_size, cross_vocab=getattr(args, "cross_vocab", "auto"),
                   pack=getattr(args, "pack", True), compile=getattr(args, "compile", False),
                   memory=getattr(args, "memory", True), draft_4bit=getattr(args, "draft_4bit", None),
-                  draft_vocab=getattr(args, "draft_vocab", 0), tree_lookup=getattr(args, "tree_lookup", None))
+                  draft_vocab=getattr(args, "draft_vocab", None), tree_lookup=getattr(args, "tree_lookup", None))
     return DecoderConfig(**{**fields, **overrides})
 
 

@@ -66,8 +66,9 @@ class DecoderConfig:
     # they are bit for bit what a fresh prefill writes (models on a GGUF's blocks)
     reuse_prefix: bool = True
     # a GGUF draft's output head cut to its N most frequent tokens in code (0: all): a cheaper
-    # draft pass, lossless as any draft
-    draft_vocab: int = 0
+    # draft pass, lossless as any draft. None: the draft's own default (bundled.default_draft_vocab:
+    # 65,536 for qwen-coder-draft, else 0)
+    draft_vocab: int | None = None
     # greedy drafts also hold the prompt-lookup chain (what followed the context's last n-gram
     # earlier), kept before the drafter's own tokens (a tree where they differ; the native
     # runtime's targets): lossless, as any candidate. None: eagle's trees and a draft with another

@@ -22,7 +22,7 @@ from specdec.engine.scheduler import Scheduler
 from specdec.engine.sequence import GenerationResult, StreamChunk
 from specdec.engine.text import TextTokenizer
 from specdec.errors import SpecdecError
-from specdec.models.bundled import DEFAULT_TARGET, default_head, default_quantize
+from specdec.models.bundled import DEFAULT_TARGET, default_draft_vocab, default_head, default_quantize
 from specdec.models.gguf import release_readers
 from specdec.models.heap import loading_heap, settle_objects
 from specdec.sampling import SamplingParams
@@ -195,12 +195,14 @@ def _load(config: DecoderConfig) -> SpecDecoder:
     release_readers()  # the target's GGUF header is no longer needed (~20 MB for a 152k vocabulary)
     draft_path = None
     proposer = None
+    draft_vocab = 0
     if c.method == "draft":
         draft_path = Path(c.draft) if c.draft is not None else default_head(c.target, "draft")
         if draft_path is None:
             raise SpecdecError("method 'draft' needs a draft model (--draft DIR): none is shipped for "
                                "this target")
         draft_tokenizer = TextTokenizer(draft_path)
+        draft_vocab = c.draft_vocab if c.draft_vocab is not None else default_draft_vocab(draft_path)
         same_vocabulary = same_tokenizer(draft_tokenizer.tok, tokenizer.tok)
         # rounded as each tensor is read: the draft's byte-a-value form never held whole (peak memory)
         four_bit = same_vocabulary and draft_in_4bit(c.draft_4bit, quantize)
@@ -215,7 +217,7 @@ def _load(config: DecoderConfig) -> SpecDecoder:
             raise SpecdecError(f"draft vocabulary size {draft_runner.vocab_size} differs from the "
                                f"target's {target_runner.vocab_size} although their tokenizers are the same")
         else:
-            cut_draft_head(draft_runner, draft_tokenizer.tok, c.draft_vocab)
+            cut_draft_head(draft_runner, draft_tokenizer.tok, draft_vocab)
             lookup = bool(c.tree_lookup) and target_runner.supports_tree
             proposer = DraftModelProposer(draft_runner, c.reuse_prefix, lookup)
     elif c.method == "ngram":
@@ -236,7 +238,7 @@ def _load(config: DecoderConfig) -> SpecDecoder:
     # the setup a controller's learned acceptance and costs belong to (plus machine and sampling)
     setup = (f"{model_identity(target_path)}|{c.method}|{model_identity(draft_path)}|{c.dtype}|{c.backend}|"
              f"exact={exact}|{quantize}/{c.group_size}|pack={c.pack}|compile={c.compile}|{c.cross_vocab}|"
-             f"nodes={c.tree_nodes}|max_k={c.max_draft_tokens}|draft_vocab={c.draft_vocab}"
+             f"nodes={c.tree_nodes}|max_k={c.max_draft_tokens}|draft_vocab={draft_vocab}"
              + ("|4bit_head" if getattr(getattr(proposer, "head", None), "four_bit", False) else "")
              + (f"|lookup={getattr(proposer, 'lookup', None) is not None}" if c.method in ("eagle", "draft") else ""))
     engine = Engine(target_runner, tokenizer, proposer, c.method, target_eos,
