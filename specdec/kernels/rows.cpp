@@ -1438,11 +1438,9 @@ VNNI_TARGET void vnni_super_glinear(const QuantizedRows& xr, const uint8_t* w, c
     // 48 rows 6.0-11.0 vs 10.6-11.2 after the masked-move build)
     // (6-bit packing is made only where the process did not choose AMX tiles: models/gguf_blocks.py)
     const int64_t wide = !SIX && grouped_wide_kernel && M >= (NIB ? 16 : AMX_SUPER_MIN_ROWS_8BIT) ? M / 16 * 16 : 0;
-    if constexpr (!SIX) {
-        if (wide) {
-            amx_super_glinear<G, NIB, S>(xr, w, gs, bias, y, ldy, wide, blocks, K);
-            if (wide == M) return;
-        }
+    if (wide) {
+        amx_super_glinear<G, NIB, S>(xr, w, gs, bias, y, ldy, wide, blocks, K);
+        if (wide == M) return;
     }
     const int32_t* xpair = xr.pairs.data();
     #pragma omp for schedule(static) nowait

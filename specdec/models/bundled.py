@@ -170,16 +170,18 @@ PACKAGED_MODELS = {
 }
 
 
+def split_model(model: str | Path) -> SplitModel | None:
+    """The split model a short name or its assembled file names, else None."""
+    resolved = Path(model).resolve() if Path(model).exists() else None
+    return next((split for split in SPLIT_MODELS.values()
+                 if str(model).lower() == split.name or resolved == split.cached_path.resolve()), None)
+
+
 def default_draft_vocab(draft: str | Path | None) -> int:
     """The --draft-vocab a draft model runs with when none is given: a split model's own, else 0
     (the whole head)."""
-    if draft is None:
-        return 0
-    resolved = Path(draft).resolve() if Path(draft).exists() else None
-    for split in SPLIT_MODELS.values():
-        if str(draft).lower() == split.name or resolved == split.cached_path.resolve():
-            return split.draft_vocab
-    return 0
+    split = split_model(draft) if draft is not None else None
+    return split.draft_vocab if split is not None else 0
 
 
 def default_head(target: str | Path | None, method: str) -> Path | None:
@@ -188,11 +190,11 @@ def default_head(target: str | Path | None, method: str) -> Path | None:
     and its draft model, which has another tokenizer)."""
     if target is None:
         return {"medusa": DEFAULT_MEDUSA, "eagle": DEFAULT_EAGLE, "draft": DEFAULT_DRAFT}.get(method)
+    split = split_model(target)
+    if split is not None:
+        name = dict(split.heads).get(method)
+        return resolve_model_name(name) if name is not None else None
     resolved = Path(target).resolve() if Path(target).exists() else None
-    for split in SPLIT_MODELS.values():
-        if str(target).lower() == split.name or resolved == split.cached_path.resolve():
-            name = dict(split.heads).get(method)
-            return resolve_model_name(name) if name is not None else None
     for model in PACKAGED_MODELS.values():
         found = locate(model)
         if str(target).lower() == model.name or (found is not None and resolved == found.resolve()):

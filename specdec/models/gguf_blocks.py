@@ -95,8 +95,9 @@ class Grouped:
             same = next((moved[other] for other in moved if getattr(self, other) is t), None)  # Q6_K: one tensor
             moved[name] = same if same is not None or t is None else \
                 t.reshape(N // 16, 16, -1).transpose(1, 2).contiguous().reshape(t.shape)
-        if six:
-            if not (self.bits == 8 and self.group == 16 and self.q.dtype == torch.uint8 and int(self.q.max()) < 64):
+        if six:  # values below 64: checked above for these weights
+            if not (self.bits == 8 and self.group == 16 and self.scale_super is not None
+                    and self.q.dtype == torch.uint8):
                 raise ValueError("6-bit packing takes byte-a-value weights below 64 in groups of 16 (Q6_K's)")
             return replace(self, q=pack_six(q), bits=6, columns=True, **moved)
         return replace(self, q=q, columns=True, **moved)
@@ -142,8 +143,7 @@ def for_kernels(g: Grouped) -> Grouped:
     if g.columns or N % 16 or K % 32 or kernels_in_use().get("grouped") != "vnni":
         return g
     six = (g.bits == 8 and g.group == 16 and g.q.dtype == torch.uint8 and g.scale_super is not None
-           and g.offset is not None and K % 256 == 0 and kernels_in_use().get("grouped_wide") != "amx"
-           and int(g.q.max()) < 64)
+           and g.offset is not None and K % 256 == 0 and kernels_in_use().get("grouped_wide") != "amx")
     return g.in_columns(six)
 
 
