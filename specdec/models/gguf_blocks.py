@@ -78,6 +78,13 @@ class Grouped:
         GB = self.group // 2 if self.bits == 4 else self.group
         return self.q.shape[1] // GB, GB // 4, 4
 
+    @property
+    def six_bit_packable(self) -> bool:
+        """Q6_K's shape: unsigned values a byte (below 64, in_columns checks), groups of 16, two levels
+        of scales with offsets, K a multiple of 256 (rows.cpp's 6-bit path)."""
+        return (self.bits == 8 and self.group == 16 and self.q.dtype == torch.uint8 and self.scale_super is not None
+                and self.offset is not None and self.shape[1] % 256 == 0)
+
     def in_columns(self, six: bool = False) -> Grouped:
         """A copy in the columns layout rows.cpp's VNNI kernel streams (vnni_glinear): in each
         block of 16 rows, group by group, q's runs of 4 bytes of the 16 rows side by side, and
@@ -96,8 +103,7 @@ class Grouped:
             moved[name] = same if same is not None or t is None else \
                 t.reshape(N // 16, 16, -1).transpose(1, 2).contiguous().reshape(t.shape)
         if six:  # values below 64: checked above for these weights
-            if not (self.bits == 8 and self.group == 16 and self.scale_super is not None
-                    and self.q.dtype == torch.uint8):
+            if not self.six_bit_packable:
                 raise ValueError("6-bit packing takes byte-a-value weights below 64 in groups of 16 (Q6_K's)")
             return replace(self, q=pack_six(q), bits=6, columns=True, **moved)
         return replace(self, q=q, columns=True, **moved)
@@ -142,9 +148,7 @@ def for_kernels(g: Grouped) -> Grouped:
     N, K = g.shape
     if g.columns or N % 16 or K % 32 or kernels_in_use().get("grouped") != "vnni":
         return g
-    six = (g.bits == 8 and g.group == 16 and g.q.dtype == torch.uint8 and g.scale_super is not None
-           and g.offset is not None and K % 256 == 0 and kernels_in_use().get("grouped_wide") != "amx")
-    return g.in_columns(six)
+    return g.in_columns(g.six_bit_packable and kernels_in_use().get("grouped_wide") != "amx")
 
 
 def pack_six(q: torch.Tensor) -> torch.Tensor:
