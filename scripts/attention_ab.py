@@ -1,4 +1,5 @@
-"""Whole-pass cost of each attention kernel (kernels/variants.py "attention": "avx2", "avx512"),
+"""Whole-pass cost of each attention kernel (kernels/variants.py "attention": "avx2", "avx512",
+"avx512bf16"; those this CPU runs),
 alternated in one process over the same runner: ms per pass of 1 / 4 / 8 new tokens after
 `cached` tokens, medians over rounds. A score's bits differ between the kernels, so this A/B is
 the only place both run in one process (a real process keeps the one chosen at load).
@@ -16,19 +17,22 @@ import torch
 
 from specdec.bench.pass_costs import median_pass_ms
 from specdec.engine.loading import load_runner
-from specdec.kernels import build
+from specdec.kernels import build, variants
 from specdec.models.checkpoint import open_model
 
 WIDTHS = (1, 4, 8)
-KERNELS = ("avx2", "avx512")
+KERNELS = variants.VARIANTS[-1].kernels
 
 
 def library():
-    """The kernels, where both attention kernels run here (else the comparison would be avx2 twice)."""
+    """The kernels, where the AVX-512 attention kernels run here (else the comparison would be avx2
+    twice), and the kernels this CPU runs."""
     lib = build.load()
-    if lib is None or lib.set_attention_kernel(1) != 1:
-        raise SystemExit("the AVX-512 attention kernel cannot run here")
-    return lib
+    assert variants.VARIANTS[-1].name == "attention"
+    runnable = variants.VARIANTS[-1].runnable(build.cpu_flags())
+    if lib is None or len(runnable) < 2:
+        raise SystemExit("the AVX-512 attention kernels cannot run here")
+    return lib, [KERNELS.index(k) for k in runnable]
 
 
 def runner_for(target: str, variant: str):
@@ -39,7 +43,7 @@ def micro(rounds: int) -> None:
     """ms of one attention call (bf16 cache, T rows of one sequence after L keys), per kernel."""
     from specdec.kernels import invariant
 
-    lib = library()
+    lib, kernels = library()
     g = torch.Generator().manual_seed(0)
     cases = []
     for hd, nh, nkv, L, T in [(64, 9, 3, 1000, 1), (64, 9, 3, 1000, 8), (64, 9, 3, 2000, 8),
@@ -50,7 +54,7 @@ def micro(rounds: int) -> None:
     ms: dict[tuple, list[float]] = {}
     for _ in range(rounds):
         for name, q, k, v, counts in cases:
-            for kernel in range(len(KERNELS)):
+            for kernel in kernels:
                 lib.set_attention_kernel(kernel)
                 for _ in range(3):
                     invariant.attend(q, k, v, counts)
@@ -59,15 +63,16 @@ def micro(rounds: int) -> None:
                     invariant.attend(q, k, v, counts)
                 ms.setdefault((name, kernel), []).append((time.perf_counter() - start) / 30 * 1e3)
     for name, *_ in cases:
-        a, b = (statistics.median(ms[(name, kernel)]) for kernel in range(len(KERNELS)))
-        print(f"{name:32s} avx2 {a:.3f} ms  avx512 {b:.3f} ms  ({a / b:.2f}x)", flush=True)
+        m = {kernel: statistics.median(ms[(name, kernel)]) for kernel in kernels}
+        print(f"{name:32s} " + "  ".join(f"{KERNELS[k]} {m[k]:.3f} ms ({m[0] / m[k]:.2f}x)" for k in kernels),
+              flush=True)
 
 
 def prefill(target: str, variant: str, tokens: int, rounds: int) -> None:
     """ms to prefill a `tokens`-token prompt (the runner's chunks), per kernel, medians over rounds."""
-    lib, runner = library(), runner_for(target, variant)
+    (lib, kernels), runner = library(), runner_for(target, variant)
     ids = [100 + (i * 7919) % 20000 for i in range(tokens)]
-    ms: dict[int, list[float]] = {0: [], 1: []}
+    ms: dict[int, list[float]] = {kernel: [] for kernel in kernels}
     for _ in range(rounds):
         for kernel in ms:
             lib.set_attention_kernel(kernel)
@@ -75,9 +80,9 @@ def prefill(target: str, variant: str, tokens: int, rounds: int) -> None:
             start = time.perf_counter()
             runner.extend(ids)
             ms[kernel].append((time.perf_counter() - start) * 1e3)
-    a, b = statistics.median(ms[0]), statistics.median(ms[1])
-    print(f"{target} prefill of {tokens} tokens: avx2 {a:.0f} ms, avx512 {b:.0f} ms ({a / b:.2f}x; "
-          f"{tokens / b * 1e3:.0f} tokens/s)")
+    m = {kernel: statistics.median(ms[kernel]) for kernel in kernels}
+    print(f"{target} prefill of {tokens} tokens: " + ", ".join(
+        f"{KERNELS[k]} {m[k]:.0f} ms ({m[0] / m[k]:.2f}x; {tokens / m[k] * 1e3:.0f} tokens/s)" for k in kernels))
 
 
 def main() -> None:
@@ -90,17 +95,18 @@ def main() -> None:
     target, variant, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
     contexts = [int(c) for c in sys.argv[4].split(",")]
     torch.set_num_threads(2)
-    lib, runner = library(), runner_for(target, variant)
+    (lib, kernels), runner = library(), runner_for(target, variant)
     ms: dict[tuple, list[float]] = {}
     for _ in range(rounds):
-        for kernel in range(len(KERNELS)):
+        for kernel in kernels:
             lib.set_attention_kernel(kernel)
             for cached in contexts:
                 for width in WIDTHS:
                     ms.setdefault((kernel, cached, width), []).append(median_pass_ms(runner, width, 5, cached=cached))
     for cached in contexts:
         parts = []
-        for kernel, name in enumerate(KERNELS):
+        for kernel in kernels:
+            name = KERNELS[kernel]
             m = {w: statistics.median(ms[(kernel, cached, w)]) for w in WIDTHS}
             parts.append(f"{name}: " + " ".join(f"T{w} {m[w]:.2f}" for w in WIDTHS)
                          + f" (4: {m[4] / m[1]:.2f}x 8: {m[8] / m[1]:.2f}x)")

@@ -165,25 +165,32 @@ def test_exact_sequences_never_run_on_the_kernels_a_timing_chose(plain_bf16, mon
     assert layer_calls
 
 
-def test_the_identity_check_catches_passes_that_round_rows_by_width(plain_bf16, monkeypatch):
-    """The identity above is not luck: with exact projections that let a row's result depend on
-    the pass width (a relative change of 2^-8 in rows of passes wider than one token, about
-    bf16's rounding step), the same check finds diverging prompts. The layers run in one kernel
-    call (models/stack.py): its input is changed so, alternately up and down along the features
-    (a uniform scale would pass through the norms unchanged)."""
+def test_the_identity_check_catches_passes_whose_rows_change_with_width(plain_bf16, monkeypatch):
+    """The identity above is not blindness: where the speculative decoder's passes wider than one
+    token change their rows (its prompt's and its verify passes'; plain decoding untouched), the
+    same check finds diverging prompts. The layers run in one kernel call (models/stack.py): its
+    input is scaled alternately up and down along the features (a uniform scale would pass through
+    the norms unchanged) by 1/8. Smaller changes move these prompts' greedy tokens only at near-ties
+    (2^-8 .. 2^-5: 0 or 1 of the 8 prompts, by attention kernel; 1/8: 5 of 8 on each, AMD EPYC Zen 5),
+    so the token check is no proof of bit-identity: tests/test_kernels.py checks the bits of each
+    row in wide calls against the row alone."""
     from specdec.models.stack import LayerStack
 
+    decoder = specdec.load(method="draft", dtype="bfloat16", draft_tokens=FIXED_BUDGET["draft"], exact=True)
+    stack = decoder.engine.target.model.stack
+    if stack is None:
+        pytest.skip("no one-call stack here (the invariant kernels are unavailable)")
     stack_call = LayerStack.__call__
 
     def width_dependent(self, x, *args, **kwargs):
-        if x.shape[0] > 1:
+        if self is stack and x.shape[0] > 1:
             signs = torch.ones(x.shape[-1], dtype=x.dtype)
             signs[1::2] = -1
-            x = x * (1 + 2 ** -8 * signs)
+            x = x * (1 + 2 ** -3 * signs)
         return stack_call(self, x, *args, **kwargs)
 
     monkeypatch.setattr(LayerStack, "__call__", width_dependent)
-    assert check_bf16_identity(plain_bf16, "draft", PROMPTS[:8], 64) > 0
+    assert check_bf16_identity(plain_bf16, "draft", PROMPTS[:8], 64, decoder=decoder) > 0
 
 
 @pytest.mark.slow

@@ -17,9 +17,11 @@
 // the same fixed lane order; nothing depends on the other rows of the call. The rows of one
 // sequence and the query heads of one kv head only share the (exact) float32 conversion of the
 // keys and values each reads from position 0 on (a causal prefill's rows: each its own prefix).
-// Two instruction sequences (attention_kernel, chosen once a machine by timing): 8 lanes as above,
+// Three instruction sequences (attention_kernel, chosen once a machine by timing): 8 lanes as above,
 // or 16 (AVX-512) with sixteen keys' lane sums added in one fixed tree (dots16) and each row's
-// weighted values in two chains by key parity (weigh_lanes16).
+// weighted values in two chains by key parity (weigh_lanes16), or AVX-512 BF16 dot products on the
+// bfloat16 cache (attend_pairs: the query and the weights rounded to bfloat16 once, as a bfloat16
+// model's attention rounds them).
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/syscall.h>
@@ -1680,8 +1682,10 @@ inline void weigh_values(const float* p, const typename W::T* vg, const int64_t*
 }
 
 // Which instruction sequence attention's scores and weighted values run: 0 the 8-lane code above,
-// 1 the 16-lane code below (AVX-512, head sizes a multiple of 16; the caller checked the CPU). Set
-// once, before any attention, and kept: a score's bits depend on it (variants.py times both).
+// 1 the 16-lane code below (AVX-512, head sizes a multiple of 16), 2 AVX-512 BF16 dot products
+// (attend_pairs: bfloat16 caches, head sizes a multiple of 32; else kernel 1's code). The caller
+// checked the CPU. Set once, before any attention, and kept: a score's bits depend on it
+// (variants.py times them).
 int attention_kernel = 0;
 
 #ifdef SPECDEC_AMX
@@ -1834,6 +1838,246 @@ AVX512_TARGET void convert_keys16(const typename W::T* kg, int64_t c0, int64_t c
         for (int64_t d = 0; d < hd; d += 16) _mm512_storeu_ps(buf + (j - c0) * hd + d, Wide<W>::load(kg + j * pos_stride + d));
     }
 }
+
+// Attention kernel 2 (AVX-512 BF16; bfloat16 caches, head sizes a multiple of 32 up to 128): both
+// products by VDPBF16PS on the cached bfloat16 values as they lie, with the query and the softmax's
+// weights rounded to bfloat16 once (as a bfloat16 model's own attention rounds them before its two
+// products): half the instructions of the float32 FMAs, and no key or value converted to float32.
+// Scores: sixteen keys a vector, key i in lane i (the keys transposed: vector c holds each key's
+// inputs 2c, 2c + 1), a lane's sum over c in four chains (c mod 4) added (0 + 1) + (2 + 3): no
+// horizontal sums. Weighted values: one output d a lane, a VDPBF16PS step a key pair (2m, 2m + 1)
+// of the row's key list (the pair's values interleaved; a missing second key is zero), in two
+// chains by m's parity, added at the end. A key's lane, pair and chain follow from its place in the
+// row's key list only, so a row gets the same bits in any call: the shared float32 conversion of
+// the other kernels becomes a shared transposition (keys) and interleaving (values), a row's shared
+// part ending at an even key so that no pair straddles it.
+
+// 16 floats rounded to bfloat16 as store() rounds one (nearest even, NaN kept)
+DP_TARGET inline __m256i bf16_round16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc0));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+// x[0, n) rounded to bfloat16 into out[0, n rounded up to 16), the rest zeros: out's 32-bit word m
+// is the pair (x[2m], x[2m + 1])
+DP_TARGET inline void bf16_pairs(const float* x, int64_t n, uint16_t* out) {
+    for (int64_t j = 0; j < n; j += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
+                            bf16_round16(_mm512_maskz_loadu_ps(first_lanes(n - j), x + j)));
+}
+
+// keys key(0 .. 15) (bfloat16 rows of hd) transposed: kt[16 c + i] = key i's inputs 2c, 2c + 1 as one
+// 32-bit word, c < hd / 2 (a 16 x 16 transpose of 32-bit words per 32 inputs)
+template <class Key>
+DP_TARGET inline void transpose_keys16(Key key, int64_t hd, uint32_t* kt) {
+    for (int64_t c0 = 0; c0 < hd / 2; c0 += 16) {
+        __m512i r[16], a[16], b[16];
+        for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(key(i) + 2 * c0);
+        for (int i = 0; i < 8; ++i) {  // lane l: keys 2i, 2i + 1 at words 4l, 4l + 1 (lo) and 4l + 2, 4l + 3 (hi)
+            a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+            a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+        }
+        for (int i = 0; i < 4; ++i) {  // b[4i + k]'s lane l: word 4l + k of keys 4i .. 4i + 3
+            b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+            b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+            b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+            b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+        }
+        for (int k = 0; k < 4; ++k) {  // lane l of b[k], b[4 + k], b[8 + k], b[12 + k]: word 4l + k of all 16
+            const __m512i x0 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0x88), x1 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0xDD);
+            const __m512i y0 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0x88);
+            const __m512i y1 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0xDD);
+            uint32_t* out = kt + (c0 + k) * 16;
+            _mm512_storeu_si512(out, _mm512_shuffle_i32x4(x0, y0, 0x88));            // words 0 .. 3 (+ k)
+            _mm512_storeu_si512(out + 4 * 16, _mm512_shuffle_i32x4(x1, y1, 0x88));   // 4 .. 7
+            _mm512_storeu_si512(out + 8 * 16, _mm512_shuffle_i32x4(x0, y0, 0xDD));   // 8 .. 11
+            _mm512_storeu_si512(out + 12 * 16, _mm512_shuffle_i32x4(x1, y1, 0xDD));  // 12 .. 15
+        }
+    }
+}
+
+// the scores of 16 transposed keys for NQ queries (qd[s]: hd / 2 bfloat16 pairs), lane i key i's
+template <int NQ>
+DP_TARGET inline void score_pairs16(const uint32_t* const* qd, const uint32_t* kt, int64_t hd, __m512* out) {
+    __m512 a[NQ][4];
+    for (int s = 0; s < NQ; ++s)
+        for (int u = 0; u < 4; ++u) a[s][u] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < hd / 2; c += 4)
+        for (int u = 0; u < 4; ++u) {
+            const __m512bh k = (__m512bh)_mm512_loadu_si512(kt + (c + u) * 16);
+            for (int s = 0; s < NQ; ++s)
+                a[s][u] = _mm512_dpbf16_ps(a[s][u], k, (__m512bh)_mm512_set1_epi32(int(qd[s][c + u])));
+        }
+    for (int s = 0; s < NQ; ++s) out[s] = _mm512_add_ps(_mm512_add_ps(a[s][0], a[s][1]), _mm512_add_ps(a[s][2], a[s][3]));
+}
+
+// pairs (2m, 2m + 1) of keys key(2m), key(2m + 1) (null: a missing key, zeros) interleaved: pair m's
+// hd words at vb + (m - m0) hd, vector z = 2b (+ 1) the unpacked low (high) halves of inputs 32b ..
+template <class Key>
+DP_TARGET inline void interleave_pairs(Key key, int64_t m0, int64_t m1, int64_t hd, uint32_t* vb) {
+    for (int64_t m = m0; m < m1; ++m) {
+        const uint16_t *x = key(2 * m), *y = key(2 * m + 1);
+        uint32_t* out = vb + (m - m0) * hd;
+        for (int64_t b = 0; b < hd / 32; ++b) {
+            const __m512i xv = _mm512_loadu_si512(x + 32 * b);
+            const __m512i yv = y ? _mm512_loadu_si512(y + 32 * b) : _mm512_setzero_si512();
+            _mm512_storeu_si512(out + 32 * b, _mm512_unpacklo_epi16(xv, yv));
+            _mm512_storeu_si512(out + 32 * b + 16, _mm512_unpackhi_epi16(xv, yv));
+        }
+    }
+}
+
+template <int Z>
+DP_TARGET inline void weigh_pair(__m512* a, const uint32_t* vm, uint32_t w) {
+    const __m512bh wv = (__m512bh)_mm512_set1_epi32(int(w));
+    for (int z = 0; z < Z; ++z) a[z] = _mm512_dpbf16_ps(a[z], (__m512bh)_mm512_loadu_si512(vm + 16 * z), wv);
+}
+
+// acc [2][hd] (the chains of even and odd m; d in the interleaved order) += pairs [m0, m1) from vb
+// (pair m0 first) weighted by pw[m] (the pair's two bfloat16 weights)
+template <int Z>
+DP_TARGET inline void weigh_pairs(const uint32_t* pw, const uint32_t* vb, int64_t m0, int64_t m1, float* acc) {
+    __m512 a[2][Z];
+    for (int h = 0; h < 2; ++h)
+        for (int z = 0; z < Z; ++z) a[h][z] = _mm512_loadu_ps(acc + (h * Z + z) * 16);
+    int64_t m = m0;
+    const uint32_t* v = vb;
+    if (m < m1 && (m & 1)) weigh_pair<Z>(a[1], v, pw[m++]), v += 16 * Z;
+    for (; m + 1 < m1; m += 2, v += 32 * Z) {
+        weigh_pair<Z>(a[0], v, pw[m]);
+        weigh_pair<Z>(a[1], v + 16 * Z, pw[m + 1]);
+    }
+    if (m < m1) weigh_pair<Z>(a[0], v, pw[m]);
+    for (int h = 0; h < 2; ++h)
+        for (int z = 0; z < Z; ++z) _mm512_storeu_ps(acc + (h * Z + z) * 16, a[h][z]);
+}
+
+DP_TARGET inline void weigh_pairs_any(int64_t hd, const uint32_t* pw, const uint32_t* vb, int64_t m0, int64_t m1,
+                                      float* acc) {
+    switch (hd / 16) {
+        case 2: return weigh_pairs<2>(pw, vb, m0, m1, acc);
+        case 4: return weigh_pairs<4>(pw, vb, m0, m1, acc);
+        case 6: return weigh_pairs<6>(pw, vb, m0, m1, acc);
+        default: return weigh_pairs<8>(pw, vb, m0, m1, acc);
+    }
+}
+
+// One query of a work item: its float32 vector, its keys (count n, positions at[] or 0 .. n - 1),
+// how many of them it reads from the item's shared chunks (even), and where its output goes
+template <class Y>
+struct PairQuery {
+    const float* q;
+    const int64_t* at;
+    int64_t n, shared;
+    Y* out;
+};
+
+struct PairSpace {  // a thread's buffers, kept from item to item
+    std::vector<uint32_t> qd, pw, chunk, own;
+    std::vector<float> scores, acc, inv;
+    std::vector<int64_t> list;
+};
+
+// the scores of 16 transposed keys (kt), keys j .. j + 15, for the queries list[0, L): each query's
+// lanes up to its key count stored in its row of scores
+template <class Y>
+DP_TARGET inline void score_block16(const PairQuery<Y>* qs, const int64_t* list, int64_t L, const uint32_t* kt,
+                                    int64_t j, int64_t hd, const uint32_t* qd_all, float* scores, int64_t stride) {
+    __m512 out[4];
+    const uint32_t* qd[4];
+    for (int64_t s0 = 0; s0 < L; s0 += 4) {
+        const int64_t S = std::min<int64_t>(4, L - s0);
+        for (int64_t s = 0; s < S; ++s) qd[s] = qd_all + list[s0 + s] * (hd / 2);
+        if (S == 4) score_pairs16<4>(qd, kt, hd, out);
+        else if (S == 3) score_pairs16<3>(qd, kt, hd, out);
+        else if (S == 2) score_pairs16<2>(qd, kt, hd, out);
+        else score_pairs16<1>(qd, kt, hd, out);
+        for (int64_t s = 0; s < S; ++s) {
+            const int64_t i = list[s0 + s], end = std::min(qs[i].n, j + 16);
+            _mm512_mask_storeu_ps(scores + i * stride + j, first_lanes(end - j), out[s]);
+        }
+    }
+}
+
+// A work item's queries (sharing one kv head: kg, vg) by kernel 2
+template <class Y>
+DP_TARGET void attend_pairs(const PairQuery<Y>* qs, int64_t Q, const uint16_t* kg, const uint16_t* vg, int64_t hd,
+                            int64_t pos_stride, float scale, PairSpace& w) {
+    constexpr int64_t CH = 64;  // keys a shared chunk (even)
+    const int64_t H2 = hd / 2;
+    int64_t stride = 32, P = 0;
+    for (int64_t i = 0; i < Q; ++i) {
+        stride = std::max(stride, (qs[i].n + 31) & ~int64_t(31));
+        P = std::max(P, qs[i].shared);
+    }
+    w.qd.resize(Q * H2);
+    w.scores.resize(Q * stride);
+    w.pw.resize(Q * stride / 2);
+    w.acc.assign(Q * 2 * hd, 0.f);
+    w.inv.assign(Q, 0.f);
+    w.chunk.resize(CH * H2);
+    w.own.resize(CH * H2);
+    for (int64_t i = 0; i < Q; ++i) bf16_pairs(qs[i].q, hd, reinterpret_cast<uint16_t*>(&w.qd[i * H2]));
+    auto key_at = [&](const PairQuery<Y>& s, int64_t j) { return s.at ? s.at[j] : j; };
+    auto score_block = [&](const int64_t* list, int64_t L, const uint32_t* kt, int64_t j) {
+        score_block16(qs, list, L, kt, j, hd, w.qd.data(), w.scores.data(), stride);
+    };
+    w.list.resize(Q);
+    int64_t* list = w.list.data();
+    for (int64_t c0 = 0; c0 < P; c0 += CH) {  // the shared keys, transposed once for all the queries
+        const int64_t c1 = std::min(P, c0 + CH);
+        for (int64_t j = c0; j < c1; j += 16) {
+            for (int64_t i = 0; i < 16 && j + CH + i < P; ++i) prefetch_head(kg + (j + CH + i) * pos_stride, hd);
+            transpose_keys16([&](int i) { return kg + std::min(j + i, c1 - 1) * pos_stride; }, hd,
+                             &w.chunk[(j - c0) * H2]);
+        }
+        for (int64_t j = c0; j < c1; j += 16) {
+            int64_t L = 0;
+            for (int64_t i = 0; i < Q; ++i)
+                if (qs[i].shared > j) list[L++] = i;
+            score_block(list, L, &w.chunk[(j - c0) * H2], j);
+        }
+    }
+    for (int64_t i = 0; i < Q; ++i) {  // each query's other keys, and the softmax
+        const PairQuery<Y>& s = qs[i];
+        for (int64_t j = s.shared; j < s.n; j += 16) {
+            transpose_keys16([&](int l) { return kg + key_at(s, std::min(j + l, s.n - 1)) * pos_stride; }, hd,
+                             w.own.data());
+            score_block(&i, 1, w.own.data(), j);
+        }
+        if (s.n == 0) continue;
+        w.inv[i] = softmax16(&w.scores[i * stride], s.n, scale);
+        bf16_pairs(&w.scores[i * stride], s.n, reinterpret_cast<uint16_t*>(&w.pw[i * stride / 2]));
+    }
+    for (int64_t c0 = 0; c0 < P; c0 += CH) {  // the shared values, interleaved once
+        const int64_t c1 = std::min(P, c0 + CH);
+        interleave_pairs([&](int64_t j) { return vg + j * pos_stride; }, c0 / 2, c1 / 2, hd, w.chunk.data());
+        for (int64_t i = 0; i < Q; ++i)
+            if (qs[i].shared > c0)
+                weigh_pairs_any(hd, &w.pw[i * stride / 2], w.chunk.data(), c0 / 2, std::min(c1, qs[i].shared) / 2,
+                                &w.acc[i * 2 * hd]);
+    }
+    for (int64_t i = 0; i < Q; ++i) {
+        const PairQuery<Y>& s = qs[i];
+        for (int64_t c0 = s.shared; c0 < s.n; c0 += CH) {  // its other values
+            const int64_t c1 = std::min(s.n, c0 + CH);
+            interleave_pairs([&](int64_t j) { return j < c1 ? vg + key_at(s, j) * pos_stride : nullptr; },
+                             c0 / 2, (c1 + 1) / 2, hd, w.own.data());
+            weigh_pairs_any(hd, &w.pw[i * stride / 2], w.own.data(), c0 / 2, (c1 + 1) / 2, &w.acc[i * 2 * hd]);
+        }
+        const float* a = &w.acc[i * 2 * hd];
+        for (int64_t z = 0; z < hd / 16; ++z)  // lane l of vector z: d = 32 (z / 2) + 8 (l / 4) + 4 (z % 2) + l % 4
+            for (int64_t l = 0; l < 16; ++l) {
+                const int64_t d = 32 * (z / 2) + 8 * (l / 4) + 4 * (z % 2) + l % 4;
+                store(s.out + d, s.n ? (a[z * 16 + l] + a[hd + z * 16 + l]) * w.inv[i] : 0.f);
+            }
+    }
+}
 #endif
 
 // scores and weighted values by the kernel in use (wide: attention_kernel 1, hd <= 128 a multiple of 16)
@@ -1929,7 +2173,9 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
     std::vector<int64_t> run_start, prefix;
     row_runs(base, count, start, index, rows, run_start, prefix);
     const int64_t runs = int64_t(run_start.size()) - 1;
-    const bool wide = attention_kernel == 1 && hd % 16 == 0 && hd <= 128;
+    // kernel 2 where it applies (bfloat16 keys, hd a multiple of 32), else kernel 1's code
+    const bool pairs = attention_kernel == 2 && std::is_same<W, Bf16>::value && hd % 32 == 0 && hd <= 128;
+    const bool wide = (attention_kernel == 1 || (attention_kernel == 2 && !pairs)) && hd % 16 == 0 && hd <= 128;
     const int64_t AH = wide ? 2 * hd : hd;  // a query's accumulators (weigh_values16: two halves)
     // work items: a run's query heads of one kv head, split in `parts` so that the threads share
     // them evenly; but each part reads and converts the shared keys for itself, so where an item's
@@ -1945,6 +2191,10 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
     {
         std::vector<float> scores, acc, inv, buf(CH * hd);
         std::vector<int64_t> shared;
+#ifdef SPECDEC_AMX
+        std::vector<PairQuery<Y>> pq;
+        PairSpace space;
+#endif
         #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < runs * nkv * parts; ++item) {
             const int64_t u = item / (nkv * parts), g = item / parts % nkv, part = item % parts;
@@ -1963,6 +2213,20 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
             auto row = [&](int64_t i) { return r0 + (first + i) / group; };
             auto head = [&](int64_t i) { return g * group + (first + i) % group; };
             auto query = [&](int64_t i) { return q + (row(i) * nh + head(i)) * hd; };
+#ifdef SPECDEC_AMX
+            if constexpr (std::is_same<W, Bf16>::value) {
+                if (pairs) {
+                    pq.resize(Q);
+                    for (int64_t i = 0; i < Q; ++i) {
+                        const int64_t r = row(i);
+                        pq[i] = PairQuery<Y>{query(i), index ? index + start[r] : nullptr, count[r],
+                                             Q > 1 ? prefix[r] & ~int64_t(1) : 0, out + (r * nh + head(i)) * hd};
+                    }
+                    attend_pairs<Y>(pq.data(), Q, kg, vg, hd, pos_stride, scale, space);
+                    continue;
+                }
+            }
+#endif
             // each query's keys from position 0 in the shared float32 chunks: none for a lone query
             // (a copy read back once would only cost a store and a load)
             shared.assign(Q, 0);
@@ -2277,7 +2541,7 @@ int set_grouped_wide_kernel(int kernel) {
 // caller checked the CPU). Returns the kernel now in use.
 int set_attention_kernel(int kernel) {
 #ifdef SPECDEC_AMX
-    attention_kernel = kernel == 1 ? 1 : 0;
+    attention_kernel = kernel == 1 || kernel == 2 ? kernel : 0;
 #endif
     return attention_kernel;
 }

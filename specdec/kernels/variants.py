@@ -26,9 +26,14 @@ passes) on AMX-INT8 tiles or not: the same integer dots and float steps, so the 
 multiples of 16: one FMA a key and 16 dims, sixteen keys' sums added in one tree instead of a
 horizontal sum a key; a score's bits differ between the two). Measured on an AMD EPYC Zen 5, 2
 threads, whole SmolLM2 passes over 1,000 / 2,000 cached tokens (bench/results/kernels_stop65_zen5.txt):
-8-token pass 14.5 -> 13.0 ms and 22.0 -> 18.2 ms; one layer's attention alone 1.2-1.5x.
+8-token pass 14.5 -> 13.0 ms and 22.0 -> 18.2 ms; one layer's attention alone 1.2-1.5x. Or
+"avx512bf16" (CPUs with AVX-512 BF16; bfloat16 caches, head sizes a multiple of 32): VDPBF16PS for
+scores and weighted values on the cached values as they lie, the query and the softmax's weights
+rounded to bfloat16 once (as a bfloat16 model's own attention does): half the instructions, no
+conversion. Same machine, one layer alone (scripts/attention_ab.py micro) 1.4-2.0x "avx512"'s;
+Qwen2.5-Coder-1.5B passes after 2,000 cached tokens, 4 / 8 tokens 33.5 / 44.2 -> 27.2 / 37.2 ms.
 SPECDEC_BF16_KERNEL=avx2|amx|avx512, SPECDEC_GROUPED_KERNEL=avx2|vnni, SPECDEC_GROUPED_WIDE_KERNEL=vnni|amx
-and SPECDEC_ATTENTION_KERNEL=avx2|avx512 set them by hand."""
+and SPECDEC_ATTENTION_KERNEL=avx2|avx512|avx512bf16 set them by hand."""
 from __future__ import annotations
 
 import ctypes
@@ -145,8 +150,8 @@ VARIANTS = (
     Variant("grouped_wide", ("vnni", "amx"), "set_grouped_wide_kernel", lambda lib, kernel: _grouped_pass(lib, "vnni"),
             (frozenset({"avx512f", "avx512bw", "avx512_vnni", "amx_tile", "amx_int8"}),), widths=(16, 64),
             needs=("grouped", "vnni")),
-    Variant("attention", ("avx2", "avx512"), "set_attention_kernel", _attention_pass,
-            (frozenset({"avx512f", "avx512bw"}),)),
+    Variant("attention", ("avx2", "avx512", "avx512bf16"), "set_attention_kernel", _attention_pass,
+            (frozenset({"avx512f", "avx512bw"}), frozenset({"avx512f", "avx512bw", "avx512_bf16"}))),
 )
 
 
