@@ -8,6 +8,7 @@ the only place both run in one process (a real process keeps the one chosen at l
     python scripts/attention_ab.py qwen-coder gguf 3 200,1000
     python scripts/attention_ab.py micro 9   # one layer's attention alone, SmolLM2's and Qwen2.5-Coder's heads
     python scripts/attention_ab.py prefill qwen-coder gguf 2048 2   # a prompt's prefill, ms
+    python scripts/attention_ab.py decode qwen-coder none,draft 2 2   # long prompts end to end, greedy
 """
 import statistics
 import sys
@@ -85,7 +86,40 @@ def prefill(target: str, variant: str, tokens: int, rounds: int) -> None:
         f"{KERNELS[k]} {m[k]:.0f} ms ({m[0] / m[k]:.2f}x; {tokens / m[k] * 1e3:.0f} tokens/s)" for k in kernels))
 
 
+def decode(target: str, methods: list[str], prompts: int, rounds: int) -> None:
+    """Decoding tok/s (128 greedy tokens after the prompt) and prefill seconds on the bench's long
+    code prompts, per kernel and method, medians over prompts and rounds (the kernels' order
+    alternating by round), and whether each method's tokens equal plain decoding's (by kernel)."""
+    import specdec
+    from specdec.data.prompts import build_suite
+
+    lib, kernels = library()
+    decoders = {m: specdec.load(target, method=m, dtype="bfloat16", memory=False, reuse_prefix=False)
+                for m in methods}
+    texts = [p.text for p in build_suite(prompts, ["longcode"])[:prompts]]
+    runs: dict[tuple, list] = {}
+    for r in range(rounds):
+        for kernel in kernels if r % 2 == 0 else kernels[::-1]:
+            lib.set_attention_kernel(kernel)
+            for method, decoder in decoders.items():
+                for text in texts:
+                    out = decoder.generate(text, max_new_tokens=128, temperature=0, ignore_eos=True)
+                    decoding = out.stats.wall_seconds - out.stats.prefill_seconds
+                    runs.setdefault((method, kernel), []).append(
+                        (out.prompt_tokens, 128 / decoding, out.stats.prefill_seconds, out.token_ids))
+    for method in methods:
+        for kernel in kernels:
+            rows = runs[(method, kernel)]
+            same = all(a[3] == b[3] for a, b in zip(rows, runs[(methods[0], kernel)]))
+            print(f"{method:6s} {KERNELS[kernel]:10s} prompts of {[row[0] for row in rows[:prompts]]} tokens: "
+                  f"decoding {statistics.median(row[1] for row in rows):.1f} tok/s, prefill "
+                  f"{statistics.median(row[2] for row in rows):.2f} s; tokens = {methods[0]}'s: {same}", flush=True)
+
+
 def main() -> None:
+    if sys.argv[1] == "decode":
+        torch.set_num_threads(2)
+        return decode(sys.argv[2], sys.argv[3].split(","), int(sys.argv[4]), int(sys.argv[5]))
     if sys.argv[1] == "prefill":
         torch.set_num_threads(2)
         return prefill(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
