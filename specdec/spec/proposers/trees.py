@@ -6,10 +6,13 @@ from __future__ import annotations
 import heapq
 
 # Node budgets a tree drafter offers its controller, capped at its largest tree. The smallest is
-# 2 nodes: where plain steps win (T=1), the controller's exploration and probes use the
-# smallest tree; with 4 nodes the smallest, eagle and medusa one-shot calls at T=1 ran at
-# 0.92-0.98x of plain decoding (bench/results/README.md, stop 29).
-TREE_BUDGETS = (2, 4, 8, 16)
+# 1 node: where plain steps win (T=1), the controller's exploration and probes use the smallest
+# tree, and at T=1 a lone drafted token can itself win (SmolLM2 + its EAGLE head, fixed trees of 1
+# / 2 / 4 nodes: 1.17x / 1.07x / 0.95x plain decoding's tokens/s). With 2 nodes the smallest, eagle
+# ran 0.92x / 1.00x plain at T=1 against 1.01x / 1.04x with 1, and 2.12x / 2.20x at T=0 against
+# 2.11x / 2.06x (two runs, one process each; bench/results/README.md, stop 71). With 4 nodes the
+# smallest, eagle and medusa one-shot calls at T=1 ran at 0.92-0.98x of plain decoding (stop 29).
+TREE_BUDGETS = (1, 2, 4, 8, 16)
 
 
 def node_budgets(max_nodes: int) -> list[int]:
