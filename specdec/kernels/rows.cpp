@@ -337,6 +337,7 @@ int amx_request() {  // Linux asks a process to request the tile registers' stat
 // memory traffic; from ~8 rows the dot products bound it where a core has one 512-bit FMA port,
 // variants.py). K a multiple of 32 (else tile()).
 #define DP_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define AVX512_TARGET __attribute__((target("avx512f,avx512bw")))
 
 DP_TARGET inline float hsum16(__m512 v) {  // fixed order: the 256-bit halves, then hsum's
     const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
@@ -1007,8 +1008,8 @@ VNNI_TARGET inline __m512i group_dot_shifted(const __m512i* col, const int8_t* x
 
 // store() on 16 lanes, the same bits: bfloat16 to nearest even, NaN a quiet NaN (one at a time
 // through a buffer, the stores took ~18% of an 8-row call: 1536 x 576 4-bit, bfloat16 out)
-VNNI_TARGET inline void store16(float* y, __m512 v) { _mm512_storeu_ps(y, v); }
-VNNI_TARGET inline void store16(uint16_t* y, __m512 v) {
+AVX512_TARGET inline void store16(float* y, __m512 v) { _mm512_storeu_ps(y, v); }
+AVX512_TARGET inline void store16(uint16_t* y, __m512 v) {
     const __m512i u = _mm512_castps_si512(v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
@@ -1689,8 +1690,6 @@ inline void weigh_values(const float* p, const typename W::T* vg, const int64_t*
 int attention_kernel = 0;
 
 #ifdef SPECDEC_AMX
-#define AVX512_TARGET __attribute__((target("avx512f,avx512bw")))
-
 template <class W> struct Wide;
 template <> struct Wide<Bf16> {
     AVX512_TARGET static inline __m512 load(const uint16_t* p) {
@@ -1852,23 +1851,10 @@ AVX512_TARGET void convert_keys16(const typename W::T* kg, int64_t c0, int64_t c
 // the other kernels becomes a shared transposition (keys) and interleaving (values), a row's shared
 // part ending at an even key so that no pair straddles it.
 
-// 16 floats rounded to bfloat16 as store() rounds one (nearest even, NaN kept)
-DP_TARGET inline __m256i bf16_round16(__m512 v) {
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                  _mm512_set1_epi32(0x7f800000));
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc0));
-    return _mm512_cvtepi32_epi16(r);
-}
-
 // x[0, n) rounded to bfloat16 into out[0, n rounded up to 16), the rest zeros: out's 32-bit word m
 // is the pair (x[2m], x[2m + 1])
 DP_TARGET inline void bf16_pairs(const float* x, int64_t n, uint16_t* out) {
-    for (int64_t j = 0; j < n; j += 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
-                            bf16_round16(_mm512_maskz_loadu_ps(first_lanes(n - j), x + j)));
+    for (int64_t j = 0; j < n; j += 16) store16(out + j, _mm512_maskz_loadu_ps(first_lanes(n - j), x + j));
 }
 
 // keys key(0 .. 15) (bfloat16 rows of hd) transposed: kt[16 c + i] = key i's inputs 2c, 2c + 1 as one
@@ -2204,12 +2190,6 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
             if (Q == 0) continue;
             const typename W::T* kg = k + base[r0] + g * head_stride;
             const typename W::T* vg = v + base[r0] + g * head_stride;
-            int64_t stride = 8;
-            for (int64_t r = r0; r < r0 + R; ++r) stride = std::max(stride, (count[r] + 7) & ~int64_t(7));
-
-            scores.resize(Q * stride);
-            acc.assign(Q * AH, 0.f);
-            inv.resize(Q);
             auto row = [&](int64_t i) { return r0 + (first + i) / group; };
             auto head = [&](int64_t i) { return g * group + (first + i) % group; };
             auto query = [&](int64_t i) { return q + (row(i) * nh + head(i)) * hd; };
@@ -2227,6 +2207,11 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
                 }
             }
 #endif
+            int64_t stride = 8;
+            for (int64_t r = r0; r < r0 + R; ++r) stride = std::max(stride, (count[r] + 7) & ~int64_t(7));
+            scores.resize(Q * stride);
+            acc.assign(Q * AH, 0.f);
+            inv.resize(Q);
             // each query's keys from position 0 in the shared float32 chunks: none for a lone query
             // (a copy read back once would only cost a store and a load)
             shared.assign(Q, 0);
