@@ -22,15 +22,15 @@ from specdec.kernels import build, variants
 from specdec.models.checkpoint import open_model
 
 WIDTHS = (1, 4, 8)
-KERNELS = variants.VARIANTS[-1].kernels
+ATTENTION = next(variant for variant in variants.VARIANTS if variant.name == "attention")
+KERNELS = ATTENTION.kernels
 
 
 def library():
     """The kernels, where the AVX-512 attention kernels run here (else the comparison would be avx2
     twice), and the kernels this CPU runs."""
     lib = build.load()
-    assert variants.VARIANTS[-1].name == "attention"
-    runnable = variants.VARIANTS[-1].runnable(build.cpu_flags())
+    runnable = ATTENTION.runnable(build.cpu_flags())
     if lib is None or len(runnable) < 2:
         raise SystemExit("the AVX-512 attention kernels cannot run here")
     return lib, [KERNELS.index(k) for k in runnable]
