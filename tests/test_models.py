@@ -343,6 +343,38 @@ def test_keep_copies_only_the_positions_that_move():
     assert cache.length == 4 and torch.equal(cache.keys[1][0, 0, :4, 0], torch.tensor([10.0, 11, 12, 13]))
 
 
+@pytest.mark.slow  # compiles the kernels a second time (~20 s)
+def test_the_timed_stack_build_gives_the_same_bits_and_times_every_step():
+    """rows.cpp built with -DSPECDEC_PHASES (scripts/stack_phases.py): the same logits as the
+    running build, and each step's seconds recorded on the team's threads, then zeroed."""
+    import ctypes
+
+    from specdec.kernels import build, variants
+    from specdec.models.bundled import DEFAULT_TARGET
+    from specdec.models.runner import NativeRunner
+
+    if build.load() is None:
+        pytest.skip(f"the kernels are unavailable here: {build.unavailable()}")
+    timed = ctypes.CDLL(str(build._build(build._compiler(), ("SPECDEC_PHASES",))))
+    build._declare(timed)
+    for v in variants.VARIANTS:
+        v.set(timed, build.kernels_in_use()[v.name])
+    runner = NativeRunner(load_native(DEFAULT_TARGET, "bfloat16"), 64)
+    stack = runner.model.stack
+    assert stack is not None
+    outputs = []
+    table = (ctypes.c_double * (64 * 10))()
+    for lib in (stack.lib, timed):
+        stack.lib = lib
+        runner.reset()
+        outputs.append([runner.extend(list(range(5, 25))), runner.extend([7]), runner.extend([8, 9, 10])])
+    assert all(torch.equal(a, b) for a, b in zip(*outputs))
+    timed.phase_seconds_take(table)
+    assert all(table[step] > 0 for step in range(10))  # thread 0: every step of the three passes
+    timed.phase_seconds_take(table)
+    assert not any(table)
+
+
 def test_the_stack_keeps_a_caches_buffer_addresses_and_never_another_caches():
     """LayerStack._pointers: a cache's per-layer buffers' addresses built once per list; a list
     that is not the one kept (another cache, or a new list where a freed one was) gets its own."""

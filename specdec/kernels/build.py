@@ -66,19 +66,22 @@ def _compiler() -> str | None:
     return None
 
 
-def _build(compiler: str) -> Path:
+def _build(compiler: str, defines: tuple[str, ...] = ()) -> Path:
+    """The library for this source, compiler and flags (defines: extra -D flags, e.g.
+    SPECDEC_PHASES for scripts/stack_phases.py's timed build), built once into the cache."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    flags = FLAGS + [f"-D{name}" for name in defines]
+    digest = hashlib.sha256(source + " ".join(flags).encode() + version.encode()).hexdigest()[:16]
     target = cache_dir() / f"rows-{digest}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
-        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+        result = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
         if result.returncode != 0:  # a compiler without AMX / AVX-512 BF16 intrinsics: the rest still builds
-            result = subprocess.run([compiler, *FLAGS, "-DSPECDEC_NO_AMX", str(SOURCE), "-o", str(built)],
+            result = subprocess.run([compiler, *flags, "-DSPECDEC_NO_AMX", str(SOURCE), "-o", str(built)],
                                     capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:500]}")

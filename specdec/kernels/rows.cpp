@@ -2442,6 +2442,23 @@ void rope_rows(const Dims& s, const Y* qkv, int64_t M, const float* cos, const f
     }
 }
 
+// Where a pass's time goes, step by step: built only with -DSPECDEC_PHASES (scripts/stack_phases.py),
+// each thread adding the seconds from one step's end to the next's (a step's barrier wait included)
+#ifdef SPECDEC_PHASES
+constexpr int PHASES = 10, PHASE_THREADS = 64;
+double phase_seconds[PHASE_THREADS][PHASES];
+#define PHASE_START double phase_at = omp_get_wtime()
+#define PHASE(i)                                                                   \
+    do {                                                                           \
+        const double now = omp_get_wtime();                                       \
+        phase_seconds[omp_get_thread_num() % PHASE_THREADS][i] += now - phase_at; \
+        phase_at = now;                                                            \
+    } while (0)
+#else
+#define PHASE_START
+#define PHASE(i)
+#endif
+
 // The layers for the team (every thread of the region calls it)
 template <class Y>
 int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const float* cos, const float* sin,
@@ -2449,22 +2466,33 @@ int stack(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M, const 
           const int64_t* start, const int64_t* index, const float* final_norm, Activations<Y>& a) {
     using W = typename std::conditional<std::is_same<Y, uint16_t>::value, Bf16, F32>::type;
     const int64_t H = s.hidden, hd = s.head_dim, nh = s.heads, nkv = s.kv_heads, I = s.intermediate;
+    PHASE_START;
     add_norm<Y>(x, nullptr, L > 0 ? layers[0].norm_in : final_norm, M, H, s.eps, a.h.data());  // no layers: the final norm
+    PHASE(9);
     for (int64_t l = 0; l < L; ++l) {
         const Layer& layer = layers[l];
         if (project(layer.qkv, a.h.data(), M, H, a.qkv.data())) return 1;
+        PHASE(0);
         rope_rows(s, a.qkv.data(), M, cos, sin, pos, keys[l], values[l], base, write, a.q.data());
+        PHASE(1);
         attend<W>(a.q.data(), keys[l], values[l], base, count, start, index, a.att.data(), M, nh, nkv, hd, s.pos_stride,
                   s.head_stride, 1.0f / sqrtf(float(hd)));
+        PHASE(2);
         if (project(layer.o, a.att.data(), M, nh * hd, a.o.data())) return 1;
+        PHASE(3);
         add_norm(x, a.o.data(), layer.norm_post, M, H, s.eps, a.h.data());
+        PHASE(4);
         if (project(layer.gate_up, a.h.data(), M, H, a.gu.data())) return 1;
+        PHASE(5);
         #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; ++m)
             silu_product(a.gu.data() + m * 2 * I, a.gu.data() + m * 2 * I + I, a.act.data() + m * I, I);
+        PHASE(6);
         if (project(layer.down, a.act.data(), M, I, a.o.data())) return 1;
+        PHASE(7);
         // the residual, and the next layer's first norm with it (after the last, the final norm)
         add_norm(x, a.o.data(), l + 1 < L ? layers[l + 1].norm_in : final_norm, M, H, s.eps, a.h.data());
+        PHASE(8);
     }
     if (final_norm) {  // x becomes the final hidden states (the residual is not needed after)
         #pragma omp for schedule(static)
@@ -2493,6 +2521,15 @@ int stack_region(const Layer* layers, int64_t L, const Dims& s, Y* x, int64_t M,
 }  // namespace
 
 extern "C" {
+
+#ifdef SPECDEC_PHASES
+// The seconds each step took on each thread since the last call ([64 threads][10 steps]: q/k/v,
+// rope, attention, o, norm, gate/up, silu, down, the next norm, the first norm), then zeroed
+void phase_seconds_take(double* out) {
+    memcpy(out, phase_seconds, sizeof(phase_seconds));
+    memset(phase_seconds, 0, sizeof(phase_seconds));
+}
+#endif
 
 int specdec_kernels_version() { return 17; }
 
