@@ -7,6 +7,7 @@ the kernel variants this process chose. Thread 0's times are shown (the team's s
 
     python scripts/stack_phases.py smollm2 default 1,8 200,2000 [passes]
     python scripts/stack_phases.py qwen-coder gguf 1,4 200
+    python scripts/stack_phases.py qwen-coder-draft gguf4 1 200   # a draft's projections rounded to 4 bits
 """
 import ctypes
 import sys
@@ -34,7 +35,8 @@ def main() -> None:
     for v in variants.VARIANTS:
         v.set(timed, build.kernels_in_use()[v.name])
     table = (ctypes.c_double * (THREADS * len(STEPS)))()
-    runner = load_runner(open_model(target).path, "bfloat16", quantize=None if variant == "default" else variant)
+    quantize = {"default": None, "gguf4": "gguf"}.get(variant, variant)
+    runner = load_runner(open_model(target).path, "bfloat16", quantize=quantize, four_bit=variant == "gguf4")
     runner.model.stack.lib = timed
     print(f"{target} {variant}, {build.cpu_model()}, {torch.get_num_threads()} threads, {build.kernels_in_use()}; "
           f"us per pass (thread 0), {passes} passes each")

@@ -171,3 +171,45 @@ def test_a_request_that_goes_on_from_a_cached_prompt_counts_one_more_like_it():
 
     assert budget(0) == 0 and c.held_back  # a one-off request: 50 tokens do not repay the read
     assert budget(1900) == k  # its prompt went on from a cached one: 50 + 51 tokens do
+
+
+def drafting_share_after_an_unlucky_start(probe_steps: int, seed: int, requests: int = 3) -> list[float]:
+    """Each request's share of drafted steps, for a lone draft model at the Qwen pair's costs in
+    plain steps (a K-token pass 1 + 0.08 K, a draft token 0.3, reading a token 0.04, a 150-token
+    prompt read at the first draft of each request, 128 tokens a request), whose first three drafted
+    steps are all rejected and the rest kept with probability 0.85 each. The reads are charged as
+    the engine charges them (sync_seconds), so a probe pays them."""
+    from specdec.stats import StepRecord
+
+    rnd = random.Random(seed)
+    c = DraftLengthController(max_k=8, probe_steps=probe_steps)
+    drafted, shares = 0, []
+    for _ in range(requests):
+        c.start_sequence()
+        unread, left, ks = 150, 128, []
+        while left > 0:
+            k = c.choose(8, upfront_seconds=0.04 * unread if drafted else 0.0, horizon=left, first_token=not ks)
+            kept = 0
+            while kept < k and rnd.random() < (0.0 if drafted < 3 else 0.85):
+                kept += 1
+            drafted += bool(k)
+            c.observe(StepRecord(budget=k, drafted=k, accepted=kept, new_tokens=(), text="", draft_seconds=0.3 * k,
+                                 sync_seconds=0.04 * unread if k else 0.0, target_seconds=1.0 + 0.08 * k,
+                                 other_seconds=0.0))
+            unread = 0 if k else unread + 1
+            left -= kept + 1
+            ks.append(k)
+        shares.append(sum(k > 0 for k in ks) / len(ks))
+    return shares
+
+
+def test_a_probe_drafts_a_few_steps_once_it_has_paid_the_read():
+    """Unlucky first drafts put the estimate far below break-even; a probe then pays the draft's read
+    (the new request's prompt, the plain tokens since), and the budget charges it, so a probe of one
+    step (two drafts) bought too little evidence and the next waited ~10 s: a 4-request bench of the
+    Qwen pair decoded its T=0 prompts plainly (stop 71). A probe's next steps read nothing more: with
+    three, drafting resumes in the next request on every seed."""
+    seeds = range(20)
+    stuck_one = sum(drafting_share_after_an_unlucky_start(1, seed)[1] < 0.2 for seed in seeds)
+    stuck_three = sum(drafting_share_after_an_unlucky_start(3, seed)[1] < 0.2 for seed in seeds)
+    assert stuck_one >= 2 and stuck_three == 0

@@ -25,6 +25,8 @@ class DraftLengthController:
     probe_every: int = 20  # when plain steps win, still draft now and then to track acceptance;
     max_probe_every: int = 160  # the gap doubles while plain keeps winning
     probe_k: int = 2
+    probe_steps: int = 3  # drafted steps a probe spans: those after its first read nothing (choose)
+    probe_left: int = 0  # of the current probe's steps
     time_decay: float = 0.8
     accepted_count: float = 0.0
     rejected_count: float = 0.0
@@ -100,7 +102,14 @@ class DraftLengthController:
         worth paying only where drafting's saving over the `horizon` tokens left repays it: a
         short answer to a long prompt (an editor's completion) is then decoded plainly, never
         slower than plain decoding. first_token: the step gives the answer's first token, which
-        then never waits for that read (a streaming client sees it at plain decoding's time)."""
+        then never waits for that read (a streaming client sees it at plain decoding's time).
+        A probe spans `probe_steps` drafted steps where the drafter has nothing more to read: its
+        first pays the read (the prompt, the plain steps' tokens), which the probe budget charges
+        and which made one-step probes dear; the next cost only their drafts and triple what the
+        probe learns. After unlucky first drafts (an estimate far below break-even) a probe of one
+        step often left it below, and the budget then held the next back for ~50 times the first's
+        cost: the Qwen pair's 4-request bench decoded its T=0 prompts plainly (stop 71;
+        tests/test_draft_read_gate.py simulates it)."""
         limit, self.probing, self.held_back = max(0, limit), False, False  # set below where so
         if self.fixed_k is not None:
             return min(self.fixed_k, limit)
@@ -126,14 +135,19 @@ class DraftLengthController:
         elif not repaid(best):
             best, self.held_back = 0, True
         if best > 0:
-            self.plain_streak, self.probe_gap = 0, self.probe_every
+            self.plain_streak, self.probe_gap, self.probe_left = 0, self.probe_every, 0
             return best
+        if self.probe_left > 0 and not upfront_seconds:
+            self.probe_left -= 1  # the probe's read is paid: its next steps draft for the cost of their drafts
+            self.probing = True
+            return min(self.probe_k, upper)
+        self.probe_left = 0
         self.plain_streak += 1
         if (self.plain_streak >= (self.probe_gap or self.probe_every) and self.budget.allows()
                 and (repaid(min(self.probe_k, upper)) or self.probe_read_fits(upfront_seconds))):
             self.plain_streak = 0
             self.probe_gap = min(2 * (self.probe_gap or self.probe_every), self.max_probe_every)
-            self.probing = True
+            self.probing, self.probe_left = True, self.probe_steps - 1
             return min(self.probe_k, upper)
         return 0
 
