@@ -9,7 +9,6 @@ print(build._build(build._compiler()))").
 
     python scripts/stack_ab.py OLD.so smollm2 int8 [rounds] [cached]
 """
-import ctypes
 import statistics
 import sys
 import time
@@ -17,7 +16,7 @@ import time
 import torch
 
 from specdec.engine.loading import load_runner
-from specdec.kernels import build, variants
+from specdec.kernels import build
 from specdec.models.checkpoint import open_model
 
 WIDTHS = (1, 4, 8)
@@ -37,11 +36,7 @@ def main() -> None:
     cached = int(sys.argv[5]) if len(sys.argv) > 5 else 200
     torch.set_num_threads(2)
     new = build.load()
-    old = ctypes.CDLL(old_path)
-    build._declare(old)
-    for v in variants.VARIANTS:
-        if hasattr(old, v.setter):
-            v.set(old, build.kernels_in_use()[v.name])
+    old = build.load_beside(path=old_path)
     runner = load_runner(open_model(target).path, "bfloat16", quantize=None if variant == "default" else variant)
     stack = runner.model.stack
     outputs = {}

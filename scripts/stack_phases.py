@@ -16,7 +16,7 @@ import time
 import torch
 
 from specdec.engine.loading import load_runner
-from specdec.kernels import build, variants
+from specdec.kernels import build
 from specdec.models.checkpoint import open_model
 
 STEPS = ("qkv", "rope", "attend", "o", "norm", "gate_up", "silu", "down", "norm2", "norm0")
@@ -29,11 +29,7 @@ def main() -> None:
     cached = [int(c) for c in sys.argv[4].split(",")]
     passes = int(sys.argv[5]) if len(sys.argv) > 5 else 100
     torch.set_num_threads(2)
-    build.load()  # chooses the variants
-    timed = ctypes.CDLL(str(build._build(build._compiler(), ("SPECDEC_PHASES",))))
-    build._declare(timed)
-    for v in variants.VARIANTS:
-        v.set(timed, build.kernels_in_use()[v.name])
+    timed = build.load_beside(("SPECDEC_PHASES",))
     table = (ctypes.c_double * (THREADS * len(STEPS)))()
     quantize = {"default": None, "gguf4": "gguf"}.get(variant, variant)
     runner = load_runner(open_model(target).path, "bfloat16", quantize=quantize, four_bit=variant == "gguf4")

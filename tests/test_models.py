@@ -349,16 +349,13 @@ def test_the_timed_stack_build_gives_the_same_bits_and_times_every_step():
     running build, and each step's seconds recorded on the team's threads, then zeroed."""
     import ctypes
 
-    from specdec.kernels import build, variants
+    from specdec.kernels import build
     from specdec.models.bundled import DEFAULT_TARGET
     from specdec.models.runner import NativeRunner
 
     if build.load() is None:
         pytest.skip(f"the kernels are unavailable here: {build.unavailable()}")
-    timed = ctypes.CDLL(str(build._build(build._compiler(), ("SPECDEC_PHASES",))))
-    build._declare(timed)
-    for v in variants.VARIANTS:
-        v.set(timed, build.kernels_in_use()[v.name])
+    timed = build.load_beside(("SPECDEC_PHASES",))
     runner = NativeRunner(load_native(DEFAULT_TARGET, "bfloat16"), 64)
     stack = runner.model.stack
     assert stack is not None

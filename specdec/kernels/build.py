@@ -136,6 +136,21 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
+def load_beside(defines: tuple[str, ...] = (), path: str | Path | None = None) -> ctypes.CDLL:
+    """A second library beside the running one, for A/B scripts: this source built with extra -D
+    `defines` (SPECDEC_PHASES: scripts/stack_phases.py), or the library at `path` (another build:
+    scripts/stack_ab.py); declared, and set to the kernel variants this process chose where it has
+    their setters. RuntimeError where the kernels are unavailable here."""
+    if load() is None:
+        raise RuntimeError(f"the kernels are unavailable: {unavailable()}")
+    lib = ctypes.CDLL(str(path if path is not None else _build(_compiler(), defines)))
+    _declare(lib)
+    for variant in variants.VARIANTS:
+        if hasattr(lib, variant.setter):
+            variant.set(lib, _chosen[variant.name])
+    return lib
+
+
 def kernels_in_use() -> dict[str, str]:
     """The instruction sequence each product variant runs here (variants.py: "bf16": "avx2", "amx"
     or "avx512"; "grouped": "avx2" or "vnni"); empty where the kernels are unavailable."""
