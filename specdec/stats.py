@@ -21,6 +21,7 @@ class StepRecord:
     target_seconds: float  # the target's verification pass
     other_seconds: float  # verification, rollback, text: the per-step overhead
     stopped: bool = False  # EOS or a stop string ended the generation at this step
+    confidences: tuple[float, ...] = ()  # the drafter's, after each draft (Proposal.confidences)
 
 
 @dataclass

@@ -248,8 +248,12 @@ class BatchDrafting:
             elif budget > 0 and entries[slot].proposer is not None:
                 # its own drafter, or a sequence alone: drafts at its budget
                 t0 = time.perf_counter()
-                proposals[slot] = entries[slot].proposer.propose(seq.context, budget, seq.params, seq.generator,
-                                                                      history=seq.history, noise=seq.noise)
+                proposer = entries[slot].proposer
+                floor = (seq.controller.confidence_floor()  # where it stops drafting (None: at its budget)
+                         if getattr(proposer, "stops_at_floor", False) and hasattr(seq.controller, "confidence_floor")
+                         else None)
+                proposals[slot] = proposer.propose(seq.context, budget, seq.params, seq.generator, history=seq.history,
+                                                   noise=seq.noise, **({} if floor is None else {"floor": floor}))
                 seconds[slot] = time.perf_counter() - t0
                 if entries[slot].forked:  # what a batch's forks cost one after another (ForkedGate); not
                     # their catch-up, which holds a whole prompt at a sequence's first draft

@@ -25,12 +25,13 @@ def sampling_key(params: SamplingParams) -> tuple:
 
 
 def new_controller(tree_sizes: list[int] | None, max_draft_tokens: int, fixed: int | None,
-                   pass_costs: PassCosts | None) -> Controller:
+                   pass_costs: PassCosts | None, stops_at_floor: bool = False) -> Controller:
     """A fresh controller: a tree size controller over tree_sizes (tree drafters), else a draft
-    length controller starting from the calibrated pass costs."""
+    length controller starting from the calibrated pass costs (stops_at_floor: its drafter ends
+    chains at the controller's confidence_floor)."""
     if tree_sizes is not None:
         return TreeSizeController(tree_sizes, fixed_size=fixed)
-    controller = DraftLengthController(max_k=max_draft_tokens, fixed_k=fixed)
+    controller = DraftLengthController(max_k=max_draft_tokens, fixed_k=fixed, stops_at_floor=stops_at_floor)
     if pass_costs is not None:
         controller.target_seconds = dict(pass_costs.target_seconds)
         controller.draft_seconds_per_token = pass_costs.draft_seconds_per_token

@@ -97,11 +97,15 @@ class Engine:
 
     def new_controller(self, tree: bool | None = None) -> Controller:
         """A controller for this engine's drafter (tree: for a tree drafter or not, whatever
-        this engine's is: a batch mixes methods)."""
+        this engine's is: a batch mixes methods). The engine's own (tree None: a lone
+        sequence's, ControllerBank) lets a drafter that stops_at_floor size its chains by its
+        confidence; a batch's draft model drafts in batched passes, which run to their K."""
+        own = tree is None
         if tree is None:
             tree = self.proposer is not None and self.proposer.shape == "tree"
+        stops = own and not tree and getattr(self.proposer, "stops_at_floor", False)
         return new_controller(self.proposer.tree_sizes if tree else None, self.max_draft_tokens,
-                              self.fixed_draft_tokens, self.pass_costs)
+                              self.fixed_draft_tokens, self.pass_costs, stops)
 
     @property
     def grammars(self) -> GrammarCompiler:
@@ -150,7 +154,8 @@ class Engine:
         step = StepRecord(budget=budget, drafted=len(proposal.tokens), accepted=accepted, new_tokens=tuple(new),
                           text=text, draft_seconds=draft_seconds - proposal.sync_seconds,
                           sync_seconds=proposal.sync_seconds, target_seconds=target_seconds,
-                          other_seconds=time.perf_counter() - other_since, stopped=stopped)
+                          other_seconds=time.perf_counter() - other_since, stopped=stopped,
+                          confidences=tuple(proposal.confidences or ()))
         if observe:
             seq.controller.observe(step)
         seq.stats.add(step)

@@ -32,6 +32,9 @@ class Proposal:
     # prompt lookup's drafts standing in for a drafter held back this step (a draft model whose
     # prompt read would not be repaid): kept out of that drafter's controller
     stand_in: bool = False
+    # a chain drafter given a confidence floor: its probability of all its drafts up to each
+    # (what the controller calibrates against the drafts the target keeps)
+    confidences: list[float] | None = None
 
 
 class Proposer(Protocol):
