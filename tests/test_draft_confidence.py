@@ -136,3 +136,23 @@ def test_sampled_drafts_stopped_by_confidence_keep_the_target_distribution(tmp_p
         first_steps.add(result.stats.draft_tokens_per_step[0])
     assert first_steps == {1, 2}
     assert chi_square_p(counts, exact_joint(target, SamplingParams(temperature=1.0))) > 1e-3
+
+
+def test_few_drafts_leave_the_calibration_near_its_prior_and_it_is_remembered():
+    calibration = ConfidenceCalibration()
+    calibration.observe((0.9, 0.8), 0)  # one confidently wrong draft alone does not say gamma = 1
+    assert calibration.gamma == 0.5
+    c = DraftLengthController(max_k=8, stops_at_floor=True)
+    for _ in range(60):  # drafts kept as P ** 1: sure drafts lost far more often than P ** 0.5 says
+        c.observe(replace(record(8, 2, 0, 1.0, 0.2, 0.0), confidences=(0.5, 0.25)))
+        c.observe(replace(record(8, 2, 2, 1.0, 0.2, 0.0), confidences=(0.5, 0.25)))
+    gamma = c.calibration.gamma
+    assert gamma > 0.5
+    later = DraftLengthController(max_k=8, stops_at_floor=True)
+    later.recall(c.memory())
+    assert later.calibration.gamma == gamma
+    older = c.memory()
+    del older["calibration"]  # a memory written before the calibration existed
+    DraftLengthController(max_k=8, stops_at_floor=True).recall(older)
+    with pytest.raises(ValueError):
+        DraftLengthController(max_k=8).recall({**c.memory(), "calibration": [0.0, 1.0]})

@@ -15,16 +15,18 @@ from specdec.stats import StepRecord
 PROBE_READ_SHARE = 0.1  # of the plain steps' time since the last draft, a probe's read may take
 # exponents g in "the target keeps drafts of confidence P with chance P ** g" (ConfidenceCalibration)
 GAMMAS = (0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
-DEFAULT_GAMMA = 0.5
+PRIOR_GAMMA, PRIOR_WEIGHT = 0.5, 10.0  # a pull towards g = 0.5 worth a few dozen drafts
 
 
 @dataclass
 class ConfidenceCalibration:
     """How a drafter's confidence P (its probability of all its drafts up to one) reads as the
     chance the target keeps them all: P ** gamma, gamma the likeliest of GAMMAS over the recent
-    drafts (forgetting at `decay` a draft). Draft models are underconfident: the Qwen pair's 0.5B,
-    greedy on code, had 65% of its drafts at P 0.3-0.4 kept and 77% at 0.4-0.5 (gamma ~0.4); its
-    sampled drafts at T=1, 16% at P < 0.1."""
+    drafts (forgetting at `decay` a draft), pulled towards PRIOR_GAMMA while the drafts are few
+    (one prompt's ~100 drafts moved the fit between 0.4 and 0.7). Draft models are
+    underconfident: the Qwen pair's 0.5B, greedy on code, 8 drafts a step, had 65% of its drafts
+    at P 0.3-0.4 kept and 77% at 0.4-0.5 (fit: 0.5 over 635 drafts, 0.4-0.5 over those a floor of
+    0.3-0.5 would have drafted); sampled at T=1, 0.3."""
     decay: float = 0.995
     log_likelihood: list[float] = field(default_factory=lambda: [0.0] * len(GAMMAS))
 
@@ -38,8 +40,9 @@ class ConfidenceCalibration:
 
     @property
     def gamma(self) -> float:
-        best = max(range(len(GAMMAS)), key=lambda j: (self.log_likelihood[j], GAMMAS[j] == DEFAULT_GAMMA))
-        return GAMMAS[best]
+        def score(j: int) -> float:
+            return self.log_likelihood[j] - PRIOR_WEIGHT * math.log(GAMMAS[j] / PRIOR_GAMMA) ** 2
+        return GAMMAS[max(range(len(GAMMAS)), key=score)]
 
     def confidence_for(self, chance: float) -> float:
         """The confidence at which the target keeps the drafts with this chance."""
@@ -221,7 +224,8 @@ class DraftLengthController:
         return {"accepted": self.accepted_count, "rejected": self.rejected_count,
                 "target_seconds": keyed(self.target_seconds),
                 "draft_seconds_per_token": self.draft_seconds_per_token,
-                "overhead_seconds": keyed(self.overhead_seconds)}
+                "overhead_seconds": keyed(self.overhead_seconds),
+                "calibration": list(self.calibration.log_likelihood)}
 
     def recall(self, memory: dict) -> None:
         """Start from an earlier process's state. Costs timed in this process (calibration)
@@ -234,6 +238,12 @@ class DraftLengthController:
         draft = None if draft is None else floats({0: draft})[0]
         if min(accepted, rejected) < 0:
             raise ValueError("negative count in a recalled controller state")
+        calibration = memory.get("calibration")  # absent in the memories of earlier versions
+        if calibration is not None:
+            calibration = [float(v) for v in calibration]
+            if len(calibration) != len(GAMMAS) or not all(-math.inf < v <= 0 for v in calibration):
+                raise ValueError("damaged confidence calibration in a recalled controller state")
+            self.calibration.log_likelihood = calibration
         self.accepted_count, self.rejected_count = accepted, rejected
         self.target_seconds = target_seconds | self.target_seconds
         self.overhead_seconds = {bool(k): v for k, v in overhead.items()} | self.overhead_seconds

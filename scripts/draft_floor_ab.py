@@ -1,0 +1,84 @@
+"""A draft model's chains stopped at its controller's confidence floor (spec/control/draft_length.py
+confidence_floor) against the controller's K alone, beside plain decoding, in one process: decoders
+of the `draft` method taking turns prompt by prompt at one temperature, 128 tokens each, every
+request paying its prompt (no prefix reuse, no controller memory). Variants: `off` (the K the
+controller picks, no stop: before stop 73), `learned` (the floor, its calibration learned: the
+default), a number g (the floor with the calibration's exponent fixed at g). Decoding tokens/s
+after the prefill, summed over the prompts, and the drafts a step.
+
+    python scripts/draft_floor_ab.py qwen-coder code 3 0 off,learned,0.5 [repeats]
+"""
+import sys
+
+import torch
+
+from specdec import load
+from specdec.bench.methods import TextTokenizer
+from specdec.chat.template import ChatTemplate
+from specdec.data.prompts import build_suite, render_chat
+from specdec.spec.control.draft_length import ConfidenceCalibration
+
+
+class FixedCalibration(ConfidenceCalibration):
+    def __init__(self, gamma: float):
+        super().__init__()
+        self.fixed = gamma
+
+    @property
+    def gamma(self) -> float:
+        return self.fixed
+
+
+def decoder_for(target: str, variant: str):
+    decoder = load(target=target, method="draft", dtype="bfloat16", memory=False, reuse_prefix=False)
+    if variant == "off":
+        decoder.engine.proposer.stops_at_floor = False  # read when the engine makes its controllers
+    elif variant != "learned":
+        bank = decoder.engine.controllers
+
+        def made(new=bank.new, gamma=float(variant)):
+            controller = new()
+            controller.calibration = FixedCalibration(gamma)
+            return controller
+
+        bank.new = made
+    return decoder
+
+
+def main() -> None:
+    target, task, n, temperature = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    variants = sys.argv[5].split(",")
+    repeats = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+    torch.set_num_threads(2)
+    tokenizer = TextTokenizer(target)
+    prompts = render_chat(build_suite(n, [task]), ChatTemplate.from_tokenizer_config(tokenizer.config))
+    decoders = {"none": load(target=target, method="none", dtype="bfloat16", memory=False, reuse_prefix=False)}
+    decoders |= {variant: decoder_for(target, variant) for variant in variants}
+    for decoder in decoders.values():  # warm-up
+        decoder.generate(prompts[0].text, temperature=temperature, max_new_tokens=8, seed=0, ignore_eos=True)
+    seconds, tokens = dict.fromkeys(decoders, 0.0), dict.fromkeys(decoders, 0)
+    passes, drafted, kept, same = (dict.fromkeys(decoders, 0) for _ in range(4))
+    for repeat in range(repeats):
+        for i, prompt in enumerate(prompts):
+            plain_ids = None
+            for name, decoder in decoders.items():
+                result = decoder.generate(prompt.text, temperature=temperature, max_new_tokens=128,
+                                          seed=i + 100 * repeat, ignore_eos=True)
+                stats = result.stats
+                seconds[name] += stats.wall_seconds - stats.prefill_seconds
+                tokens[name] += stats.new_tokens
+                passes[name] += stats.target_forwards
+                drafted[name] += stats.drafted_tokens
+                kept[name] += stats.accepted_tokens
+                plain_ids = result.token_ids if name == "none" else plain_ids
+                same[name] += result.token_ids == plain_ids
+    plain = tokens["none"] / seconds["none"]
+    for name in decoders:
+        rate = tokens[name] / seconds[name]
+        print(f"{target} {task} T={temperature} {name:8s} decoding {rate:6.1f} tok/s {rate / plain:.3f}x plain | "
+              f"drafts a step {drafted[name] / passes[name]:.2f}, kept {kept[name] / passes[name]:.2f} | "
+              f"tokens as plain's {same[name]}/{repeats * len(prompts)}")
+
+
+if __name__ == "__main__":
+    main()
