@@ -59,7 +59,8 @@ def test_a_stopping_controller_hands_the_whole_cap_and_prices_one_more_draft():
     assert c.choose(16) == 8 and c.choose(5) == 5  # drafting wins: the cap
     floor = c.confidence_floor()
     a = c.acceptance
-    rate = max(c.expected_tokens(k) / c.step_cost(k) for k in range(9))
+    rate = c.drafting_rate  # tokens a second of its drafted steps: 1 + kept drafts over their seconds
+    assert 0.8 * 3.0 / (1.4 + 0.8) < rate < 1.2 * 5.0 / (1.4 + 0.8)  # K = 8 steps: ~3.5 tokens in ~2.2 s
     row = (c.target_time(8) - c.target_time(1)) / 7  # a verified row's seconds, on its cost line
     chance = (c.draft_seconds_per_token + row) * rate / a
     assert floor == pytest.approx(chance ** (1 / c.calibration.gamma), rel=1e-6)

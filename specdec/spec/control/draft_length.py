@@ -81,6 +81,7 @@ class DraftLengthController:
     # step then gets the whole cap, and the drafter's own probabilities size the chain
     stops_at_floor: bool = False
     calibration: ConfidenceCalibration = field(default_factory=ConfidenceCalibration)
+    drafting_rate: float | None = None  # tokens a second of drafted steps, as measured (EMA)
 
     @property
     def acceptance(self) -> float:
@@ -195,14 +196,16 @@ class DraftLengthController:
         probabilities one more draft pass costs more than it is expected to save. The next draft
         adds a token with the chance the target keeps the drafts so far (the calibration's
         reading of that product) times the acceptance estimate, a token worth the seconds one
-        costs at drafting's best rate; the pass costs a draft token and one more verified row
-        (the cost line's slope). 0 (no stop) until the costs are measured; None where chains are
-        not sized so (a fixed K: exactly K drafts)."""
+        costs at drafted steps' measured rate (the modelled best rate until one is timed: the
+        model, fed by the acceptance of drafts cut where they turn unsure, overrates longer
+        chains and would raise the floor that cut them); the pass costs a draft token and one
+        more verified row (the cost line's slope). 0 (no stop) until the costs are measured;
+        None where chains are not sized so (a fixed K: exactly K drafts)."""
         if not self.stops_at_floor or self.fixed_k is not None:
             return None
         if self.draft_seconds_per_token is None or not self.target_seconds:
             return 0.0
-        rate = max(self.expected_tokens(k) / self.step_cost(k) for k in range(self.max_k + 1))
+        rate = self.drafting_rate or max(self.expected_tokens(k) / self.step_cost(k) for k in range(self.max_k + 1))
         row = max(0.0, (self.target_time(self.max_k) - self.target_time(1)) / max(1, self.max_k - 1))
         chance = min(1.0, (self.draft_seconds_per_token + row) * rate / self.acceptance)
         return self.calibration.confidence_for(chance)
@@ -272,6 +275,11 @@ class DraftLengthController:
                 if self.speculative_steps - at > self.stale_after:
                     del self.last_drafted[old_k], self.target_seconds[old_k]
             self.draft_seconds_per_token = ema(self.draft_seconds_per_token, step.draft_seconds / k)
+            seconds = step.target_seconds + step.draft_seconds + step.other_seconds  # a catch-up is a one-off
+            if seconds > 0:
+                rate = (step.accepted + 1) / seconds
+                self.drafting_rate = rate if self.drafting_rate is None else (
+                    self.time_decay * self.drafting_rate + (1 - self.time_decay) * rate)
             if len(step.confidences) == k:
                 self.calibration.observe(step.confidences, step.accepted)
             self.accepted_count = self.decay * self.accepted_count + step.accepted
