@@ -3,7 +3,8 @@ confidence_floor) against the controller's K alone, beside plain decoding, in on
 of the `draft` method taking turns prompt by prompt at one temperature, 128 tokens each, every
 request paying its prompt (no prefix reuse, no controller memory). Variants: `off` (the K the
 controller picks, no stop: before stop 73), `learned` (the floor, its calibration learned: the
-default), a number g (the floor with the calibration's exponent fixed at g). Decoding tokens/s
+default), a number g (the floor with the calibration's exponent fixed at g), `no-guess` (the floor,
+without a greedy draft's prompt-lookup guesses, DraftModelProposer._guess). Decoding tokens/s
 after the prefill, summed over the prompts, and the drafts a step.
 
     python scripts/draft_floor_ab.py qwen-coder code 3 0 off,learned,0.5 [repeats]
@@ -33,6 +34,8 @@ def decoder_for(target: str, variant: str):
     decoder = load(target=target, method="draft", dtype="bfloat16", memory=False, reuse_prefix=False)
     if variant == "off":
         decoder.engine.proposer.stops_at_floor = False  # read when the engine makes its controllers
+    elif variant == "no-guess":  # the floor, without the greedy draft's prompt-lookup guesses
+        decoder.engine.proposer.ahead = False
     elif variant != "learned":
         bank = decoder.engine.controllers
 

@@ -243,3 +243,40 @@ def test_past_its_window_a_same_vocabulary_draft_keeps_drafting_losslessly(tmp_p
         got = spec.generate(prompt, max_new_tokens=40, ignore_eos=True, **params)
         assert got.token_ids == plain.generate(prompt, max_new_tokens=40, ignore_eos=True, **params).token_ids
         assert got.stats.drafted_tokens > 0
+
+
+def test_a_greedy_draft_checks_prompt_lookup_guesses_in_its_passes_drafting_the_same(tmp_path):
+    """The draft's guesses (what followed the context's last n-gram earlier) fed beside its next
+    token: the drafts are the ones it drafts a token a pass, in fewer passes where the text
+    repeats (a tiny model's own greedy text soon cycles), and its cache follows as before (a
+    fresh draft proposes the same afterwards)."""
+    model = load_native(make_model_dir(tmp_path / "d", tokenizer="char", vocab_size=24, scale=3.0), "float64")
+    greedy = SamplingParams(temperature=0.0)
+    rng = random.Random(1)
+    start = [rng.randrange(1, 24) for _ in range(4)]
+    own = DraftModelProposer(NativeRunner(model), ahead=False)
+    own.reset(start)
+    context = start + own.propose(start, 24, greedy, None).tokens  # the model's own text
+    passes, proposers = {}, {}
+    for ahead in (True, False):
+        proposer = proposers[ahead] = DraftModelProposer(NativeRunner(model), ahead=ahead)
+        proposer.reset(context)
+        calls = passes.setdefault(ahead, [])
+        extend = proposer.runner.extend
+
+        def counted(ids, *args, extend=extend, calls=calls, **kwargs):
+            calls.append(len(ids))
+            return extend(ids, *args, **kwargs)
+
+        proposer.runner.extend = counted
+    for step in range(12):
+        k = rng.randrange(1, 7)
+        drafts = {ahead: p.propose(context, k, greedy, None) for ahead, p in proposers.items()}
+        assert drafts[True].tokens == drafts[False].tokens
+        kept = k if step % 3 else rng.randrange(0, k)  # mostly kept: the text stays the model's own
+        context = context + drafts[True].tokens[:kept] + [rng.randrange(1, 24)]
+    assert len(passes[True]) < len(passes[False])
+    assert max(passes[True]) > 2  # guesses were fed beside the drafted token
+    fresh = DraftModelProposer(NativeRunner(model), ahead=False)
+    fresh.reset(context)
+    assert proposers[True].propose(context, 5, greedy, None).tokens == fresh.propose(context, 5, greedy, None).tokens

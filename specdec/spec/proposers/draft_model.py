@@ -11,7 +11,7 @@ from specdec.sampling import SamplingParams, final_probs, greedy_token, sample
 from specdec.sampling.penalties import TokenHistory, adjust_logits
 from specdec.sampling.seeded import PositionNoise, race
 from specdec.spec.proposers.base import Proposal
-from specdec.spec.proposers.prompt_lookup import LOOKUP_TOKENS, PromptLookupProposer, with_lookup_chain
+from specdec.spec.proposers.prompt_lookup import LOOKUP_TOKENS, NgramIndex, PromptLookupProposer, with_lookup_chain
 
 READ_SAMPLE = 32  # catch-ups of at least this many tokens time the draft's reading rate
 # The most a catch-up reads: further behind (a long prompt, many plain steps), the draft restarts
@@ -20,6 +20,7 @@ READ_SAMPLE = 32  # catch-ups of at least this many tokens time the draft's read
 # again by its controller's probes) made decoding 0.63x plain; a draft guesses the next tokens
 # from the recent text (any drafts are exact). A context within the window is read whole, as before.
 DRAFT_WINDOW = 512
+GUESS_NGRAM, GUESS_TOKENS = 3, 4  # a greedy draft's lookahead (DraftModelProposer._guess)
 
 
 class DraftModelProposer:
@@ -28,7 +29,7 @@ class DraftModelProposer:
     needs_hidden = False
     stops_at_floor = True  # propose takes a confidence floor (its controller's break-even)
 
-    def __init__(self, runner: Runner, reuse_prefix: bool = True, lookup: bool = False):
+    def __init__(self, runner: Runner, reuse_prefix: bool = True, lookup: bool = False, ahead: bool = True):
         self.runner = runner
         self.reuse_prefix = reuse_prefix  # off where every run must pay for its prompt (bench)
         # greedy drafts also hold the prompt-lookup chain (a tree where they differ): the target
@@ -40,6 +41,9 @@ class DraftModelProposer:
         self.window = min(DRAFT_WINDOW, runner.max_len // 2)
         self.verified = 0  # leading cached tokens known to equal the context (which only grows)
         self.read_seconds_per_token: float | None = None  # timed on catch-ups of READ_SAMPLE tokens or more
+        # greedy drafting guesses its next tokens by prompt lookup and checks them in its pass
+        self.ahead = ahead
+        self.ngrams = NgramIndex(range(1, GUESS_NGRAM + 1))
 
     def memory_bytes(self) -> int:
         return self.runner.memory_bytes()
@@ -122,33 +126,62 @@ class DraftModelProposer:
             feed = feed[-1:]
         tokens, rows = [], []
         confidence, confidences = 1.0, []  # the draft's probability of all its drafts so far, after each
-        for i in range(k):
-            logits = self.runner.extend(feed, last_logits=True)[-1]  # a 2-token catch-up needs one row
-            self.cached.extend(feed)
-            # penalised like the target's row after the same drafts
-            penalty_row = history.rows([tokens]) if history is not None else None
-            if params.greedy:  # greedy verification needs no draft probabilities
-                row = logits if penalty_row is None else adjust_logits(logits, params, penalty_row)
-                token = greedy_token(row)
-                if floor is not None:
-                    confidence *= float(torch.softmax(row.float().reshape(-1), -1)[token])
-            else:
-                probs = final_probs(logits[None], params, penalty_row)[0]
-                if noise is not None:  # the race the target's seeded choice at this position runs
-                    token = int(race(probs, noise.exponentials(len(context) + i)))
+        ahead = self.ahead and params.greedy and history is None
+        stop = False
+        while len(tokens) < k and not stop:
+            guess = self._guess(context, tokens, k - len(tokens) - 1) if ahead else []
+            fed = feed + guess
+            out = self.runner.extend(fed, last_logits=not guess)  # a 2-token catch-up needs one row
+            self.cached.extend(fed)
+            for i, logits in enumerate(out[len(out) - len(guess) - 1:]):
+                # penalised like the target's row after the same drafts
+                penalty_row = history.rows([tokens]) if history is not None else None
+                if params.greedy:  # greedy verification needs no draft probabilities
+                    row = logits if penalty_row is None else adjust_logits(logits, params, penalty_row)
+                    token = greedy_token(row)
+                    if floor is not None:
+                        confidence *= float(torch.softmax(row.float().reshape(-1), -1)[token])
                 else:
-                    token = sample(probs, generator)
-                rows.append(probs)
-                confidence *= float(probs[token])
-            tokens.append(token)
+                    probs = final_probs(logits[None], params, penalty_row)[0]
+                    if noise is not None:  # the race the target's seeded choice at this position runs
+                        token = int(race(probs, noise.exponentials(len(context) + len(tokens))))
+                    else:
+                        token = sample(probs, generator)
+                    rows.append(probs)
+                    confidence *= float(probs[token])
+                tokens.append(token)
+                confidences.append(confidence)
+                stop = floor is not None and confidence < floor
+                if stop or i == len(guess) or token != guess[i] or len(tokens) == k:
+                    break
+            # the cache keeps the guesses the draft drafted itself; its last draft is fed next
+            unconfirmed = len(guess) - i
+            if unconfirmed:
+                del self.cached[len(self.cached) - unconfirmed:]
+                self.runner.rollback(len(self.cached))
             feed = [token]
-            confidences.append(confidence)
-            if floor is not None and confidence < floor:
-                break
         proposal = Proposal(tokens, torch.stack(rows) if rows else None, sync_seconds=sync_seconds,
                             confidences=confidences if floor is not None else None)
         return proposal if self.lookup is None else with_lookup_chain(proposal, self.lookup, context, k, params,
                                                                         history)
+
+    def _guess(self, context: list[int], drafted: list[int], n: int) -> list[int]:
+        """Up to n tokens that followed the latest earlier occurrence in the context of the
+        longest n-gram (at most GUESS_NGRAM) ending the context and its drafts so far: the draft
+        checks them in the pass that drafts its next token, drafting up to n + 1 tokens a pass
+        where they are what it would draft itself (code copies its prompt). A guess it does not
+        draft costs the pass's extra rows; its drafts are the same either way."""
+        if n <= 0:
+            return []
+        if self.ngrams.tokens != context[:len(self.ngrams.tokens)]:
+            self.ngrams = NgramIndex(range(1, GUESS_NGRAM + 1))  # another text
+        self.ngrams.extend(context)
+        tail = (context[-GUESS_NGRAM:] + drafted)[-GUESS_NGRAM:]
+        for size in range(GUESS_NGRAM, 0, -1):
+            start = self.ngrams.starts[size].get(tuple(tail[-size:])) if len(tail) >= size else None
+            if start is not None:
+                return self.ngrams.tokens[start + size:start + size + min(n, GUESS_TOKENS)]
+        return []
 
     def observe_target(self, hidden: torch.Tensor) -> None:
         pass
