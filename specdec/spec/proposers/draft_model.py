@@ -20,7 +20,7 @@ READ_SAMPLE = 32  # catch-ups of at least this many tokens time the draft's read
 # again by its controller's probes) made decoding 0.63x plain; a draft guesses the next tokens
 # from the recent text (any drafts are exact). A context within the window is read whole, as before.
 DRAFT_WINDOW = 512
-GUESS_NGRAM, GUESS_TOKENS = 3, 4  # a greedy draft's lookahead (DraftModelProposer._guess)
+GUESS_NGRAM, GUESS_TOKENS = 3, 4  # a draft's lookahead (DraftModelProposer._guess)
 
 
 class DraftModelProposer:
@@ -41,7 +41,7 @@ class DraftModelProposer:
         self.window = min(DRAFT_WINDOW, runner.max_len // 2)
         self.verified = 0  # leading cached tokens known to equal the context (which only grows)
         self.read_seconds_per_token: float | None = None  # timed on catch-ups of READ_SAMPLE tokens or more
-        # greedy drafting guesses its next tokens by prompt lookup and checks them in its pass
+        # drafting guesses its next tokens by prompt lookup and checks them in its pass
         self.ahead = ahead
         self.ngrams = NgramIndex(range(1, GUESS_NGRAM + 1))
 
@@ -126,7 +126,7 @@ class DraftModelProposer:
             feed = feed[-1:]
         tokens, rows = [], []
         confidence, confidences = 1.0, []  # the draft's probability of all its drafts so far, after each
-        ahead = self.ahead and params.greedy and history is None
+        ahead = self.ahead
         stop = False
         while len(tokens) < k and not stop:
             guess = self._guess(context, tokens, k - len(tokens) - 1) if ahead else []
@@ -170,7 +170,10 @@ class DraftModelProposer:
         longest n-gram (at most GUESS_NGRAM) ending the context and its drafts so far: the draft
         checks them in the pass that drafts its next token, drafting up to n + 1 tokens a pass
         where they are what it would draft itself (code copies its prompt). A guess it does not
-        draft costs the pass's extra rows; its drafts are the same either way."""
+        draft costs the pass's extra rows; its drafts are the same either way (on the one-call
+        stack, whose rows do not depend on the pass's width; elsewhere up to rounding): each row is drawn
+        from as a pass of its own would be, in order (sampled drafts make the same draws), and
+        rows after the first draft that differs from its guess are dropped."""
         if n <= 0:
             return []
         if self.ngrams.tokens != context[:len(self.ngrams.tokens)]:
