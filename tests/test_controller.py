@@ -182,6 +182,7 @@ def test_calibration_runs_the_draft_models_two_token_catch_up_pass():
     runner.extend = lambda ids, *args, **kwargs: widths.append(len(ids)) or extend(ids, *args, **kwargs)
     measure_pass_costs(engine.target, engine.proposer, 4, 0)
     assert 2 in widths[1:]  # not the prompt's prefill (the first pass)
+    assert engine.proposer.ahead  # its prompt-lookup guesses, off while a draft pass was timed, back on
 
 
 def probing_overhead(controller, sequences: int = 60, steps: int = 16) -> float:

@@ -143,6 +143,9 @@ def test_few_drafts_leave_the_calibration_near_its_prior_and_it_is_remembered():
     calibration = ConfidenceCalibration()
     calibration.observe((0.9, 0.8), 0)  # one confidently wrong draft alone does not say gamma = 1
     assert calibration.gamma == 0.5
+    before = list(calibration.log_likelihood)
+    calibration.observe((float("nan"),), 0)  # no evidence, and no NaN in the fit
+    assert calibration.log_likelihood == before
     c = DraftLengthController(max_k=8, stops_at_floor=True)
     for _ in range(60):  # drafts kept as P ** 1: sure drafts lost far more often than P ** 0.5 says
         c.observe(replace(record(8, 2, 0, 1.0, 0.2, 0.0), confidences=(0.5, 0.25)))

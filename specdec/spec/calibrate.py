@@ -75,6 +75,11 @@ def measure_pass_costs(target: Runner, proposer: Proposer | None, max_k: int, fi
             proposer.reset(context)
             return proposer.propose(context, k, greedy, generator).tokens
 
+        # a pass a draft: the filler's repeats would let a draft model's prompt-lookup guesses
+        # (DraftModelProposer._guess) draft several tokens a pass, which real text does less often
+        ahead = getattr(proposer, "ahead", False)
+        if ahead:
+            proposer.ahead = False
         drafted = draft()
         costs.draft_seconds_per_token = min(_timed(draft) for _ in range(repeats)) / k
         if drafted:  # a step that accepted every draft leaves a draft model two tokens to catch up
@@ -86,6 +91,8 @@ def measure_pass_costs(target: Runner, proposer: Proposer | None, max_k: int, fi
             long_context = [filler_token] * min(READ_CALIBRATION, proposer.runner.max_len - k - 1)
             proposer.propose(long_context, 1, greedy, generator)
         proposer.reset([filler_token])
+        if ahead:
+            proposer.ahead = True
     return costs
 
 

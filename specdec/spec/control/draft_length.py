@@ -32,6 +32,8 @@ class ConfidenceCalibration:
 
     def observe(self, confidences: tuple[float, ...], accepted: int) -> None:
         for i, confidence in enumerate(confidences):
+            if not 0 <= confidence <= 1:  # NaN from a broken draft row: no evidence
+                continue
             p = min(max(confidence, 1e-9), 1 - 1e-9)
             kept = accepted > i
             for j, gamma in enumerate(GAMMAS):
