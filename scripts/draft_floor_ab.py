@@ -4,7 +4,7 @@ of the `draft` method taking turns prompt by prompt at one temperature, 128 toke
 request paying its prompt (no prefix reuse, no controller memory). Variants: `off` (the K the
 controller picks, no stop: before stop 73), `learned` (the floor, its calibration learned: the
 default), a number g (the floor with the calibration's exponent fixed at g), `no-guess` (the floor,
-without a greedy draft's prompt-lookup guesses, DraftModelProposer._guess). Decoding tokens/s
+without a draft's prompt-lookup guesses, prompt_lookup.Guesser). Decoding tokens/s
 after the prefill, summed over the prompts, and the drafts a step.
 
     python scripts/draft_floor_ab.py qwen-coder code 3 0 off,learned,0.5 [repeats]

@@ -288,3 +288,44 @@ def test_a_draft_checks_prompt_lookup_guesses_in_its_passes_drafting_the_same(tm
         # (this float64 eager model rounds a wider pass's rows in the last bits; verification reads the
         # distributions the draws came from, whatever they are)
         assert torch.allclose(drafts[True].draft_probs, drafts[False].draft_probs, rtol=1e-9, atol=1e-12)
+
+
+def test_a_batched_draft_checks_guesses_per_sequence_drafting_the_same(tmp_path, monkeypatch):
+    """BatchDraftModel feeds each sequence's guesses beside its next token (within GUESS_ROWS rows
+    a pass): the drafts of a batch without guesses, in fewer batched passes."""
+    from specdec.spec.proposers import batch_draft
+    from specdec.spec.proposers.batch_draft import BatchDraftModel, DraftRequest
+
+    model = load_native(make_model_dir(tmp_path / "d", tokenizer="char", vocab_size=24, scale=3.0), "float64")
+    greedy = SamplingParams(temperature=0.0)
+    rng = random.Random(2)
+    contexts = []
+    for _ in range(2):  # each the model's own text, which soon cycles
+        start = [rng.randrange(1, 24) for _ in range(4)]
+        own = DraftModelProposer(NativeRunner(model), ahead=False)
+        own.reset(start)
+        contexts.append(start + own.propose(start, 20, greedy, None).tokens)
+
+    def run(rows: int, slots: int) -> tuple[list[list[int]], int]:
+        monkeypatch.setattr(batch_draft, "GUESS_ROWS", rows)
+        drafter = BatchDraftModel(model, 2, 96)
+        passes = []
+        forward = drafter.runner.forward
+        drafter.runner.forward = lambda plan: passes.append(plan) or forward(plan)
+        context, out = [list(c) for c in contexts], []
+        for step in range(8):
+            k = rng.randrange(1, 6)
+            drafted = drafter.propose([DraftRequest(slot, context[slot], k, greedy, None) for slot in range(slots)])
+            out += [drafted[slot].tokens for slot in range(slots)]
+            for slot in range(slots):
+                context[slot] += drafted[slot].tokens[:k if step % 3 else 0] + [rng.randrange(1, 24)]
+        return out, len(passes)
+
+    state = rng.getstate()
+    for slots in (1, 2):  # a batched pass lasts as long as its slowest sequence needs: one alone
+        rng.setstate(state)
+        guessed, guessed_passes = run(batch_draft.GUESS_ROWS, slots)
+        rng.setstate(state)
+        plain, plain_passes = run(1, slots)  # no room for guesses
+        assert guessed == plain
+        assert guessed_passes < plain_passes or slots == 2

@@ -76,7 +76,7 @@ def measure_pass_costs(target: Runner, proposer: Proposer | None, max_k: int, fi
             return proposer.propose(context, k, greedy, generator).tokens
 
         # a pass a draft: the filler's repeats would let a draft model's prompt-lookup guesses
-        # (DraftModelProposer._guess) draft several tokens a pass, which real text does less often
+        # (prompt_lookup.Guesser) draft several tokens a pass, which real text does less often
         ahead = getattr(proposer, "ahead", False)
         if ahead:
             proposer.ahead = False

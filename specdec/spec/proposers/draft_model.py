@@ -11,7 +11,7 @@ from specdec.sampling import SamplingParams, final_probs, greedy_token, sample
 from specdec.sampling.penalties import TokenHistory, adjust_logits
 from specdec.sampling.seeded import PositionNoise, race
 from specdec.spec.proposers.base import Proposal
-from specdec.spec.proposers.prompt_lookup import LOOKUP_TOKENS, NgramIndex, PromptLookupProposer, with_lookup_chain
+from specdec.spec.proposers.prompt_lookup import LOOKUP_TOKENS, Guesser, PromptLookupProposer, with_lookup_chain
 
 READ_SAMPLE = 32  # catch-ups of at least this many tokens time the draft's reading rate
 # The most a catch-up reads: further behind (a long prompt, many plain steps), the draft restarts
@@ -20,7 +20,6 @@ READ_SAMPLE = 32  # catch-ups of at least this many tokens time the draft's read
 # again by its controller's probes) made decoding 0.63x plain; a draft guesses the next tokens
 # from the recent text (any drafts are exact). A context within the window is read whole, as before.
 DRAFT_WINDOW = 512
-GUESS_NGRAM, GUESS_TOKENS = 3, 4  # a draft's lookahead (DraftModelProposer._guess)
 
 
 class DraftModelProposer:
@@ -41,9 +40,12 @@ class DraftModelProposer:
         self.window = min(DRAFT_WINDOW, runner.max_len // 2)
         self.verified = 0  # leading cached tokens known to equal the context (which only grows)
         self.read_seconds_per_token: float | None = None  # timed on catch-ups of READ_SAMPLE tokens or more
-        # drafting guesses its next tokens by prompt lookup and checks them in its pass
+        # drafting guesses its next tokens by prompt lookup and checks them in its passes (Guesser):
+        # its drafts are the same either way (on the one-call stack, whose rows do not depend on a
+        # pass's width; elsewhere up to rounding): each row is drawn from in order, as a pass of
+        # its own would be, and the rows after the first draft that differs from its guess dropped
         self.ahead = ahead
-        self.ngrams = NgramIndex(range(1, GUESS_NGRAM + 1))
+        self.guesser = Guesser()
 
     def memory_bytes(self) -> int:
         return self.runner.memory_bytes()
@@ -129,7 +131,7 @@ class DraftModelProposer:
         ahead = self.ahead
         stop = False
         while len(tokens) < k and not stop:
-            guess = self._guess(context, tokens, k - len(tokens) - 1) if ahead else []
+            guess = self.guesser.guess(context, tokens, k - len(tokens) - 1) if ahead else []
             fed = feed + guess
             out = self.runner.extend(fed, last_logits=not guess)  # a 2-token catch-up needs one row
             self.cached.extend(fed)
@@ -164,27 +166,6 @@ class DraftModelProposer:
                             confidences=confidences if floor is not None else None)
         return proposal if self.lookup is None else with_lookup_chain(proposal, self.lookup, context, k, params,
                                                                         history)
-
-    def _guess(self, context: list[int], drafted: list[int], n: int) -> list[int]:
-        """Up to n tokens that followed the latest earlier occurrence in the context of the
-        longest n-gram (at most GUESS_NGRAM) ending the context and its drafts so far: the draft
-        checks them in the pass that drafts its next token, drafting up to n + 1 tokens a pass
-        where they are what it would draft itself (code copies its prompt). A guess it does not
-        draft costs the pass's extra rows; its drafts are the same either way (on the one-call
-        stack, whose rows do not depend on the pass's width; elsewhere up to rounding): each row is drawn
-        from as a pass of its own would be, in order (sampled drafts make the same draws), and
-        rows after the first draft that differs from its guess are dropped."""
-        if n <= 0:
-            return []
-        if self.ngrams.tokens != context[:len(self.ngrams.tokens)]:
-            self.ngrams = NgramIndex(range(1, GUESS_NGRAM + 1))  # another text
-        self.ngrams.extend(context)
-        tail = (context[-GUESS_NGRAM:] + drafted)[-GUESS_NGRAM:]
-        for size in range(GUESS_NGRAM, 0, -1):
-            start = self.ngrams.starts[size].get(tuple(tail[-size:])) if len(tail) >= size else None
-            if start is not None:
-                return self.ngrams.tokens[start + size:start + size + min(n, GUESS_TOKENS)]
-        return []
 
     def observe_target(self, hidden: torch.Tensor) -> None:
         pass

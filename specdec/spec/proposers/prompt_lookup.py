@@ -37,6 +37,32 @@ class NgramIndex:
                 table[tuple(self.tokens[i:i + n])] = i
 
 
+class Guesser:
+    """A draft model's guesses of its next tokens: up to `tokens` that followed the latest earlier
+    occurrence in a context of the longest n-gram (at most `ngram` tokens) ending the context
+    and the drafts after it. The draft checks them in the pass that drafts its next token,
+    keeping those it drafts itself: up to n + 1 drafts a pass where code copies its prompt,
+    the same drafts either way (DraftModelProposer, BatchDraftModel)."""
+
+    def __init__(self, ngram: int = 3, tokens: int = 4):
+        self.ngram, self.tokens = ngram, tokens
+        self.index = NgramIndex(range(1, ngram + 1))
+
+    def guess(self, context: list[int], drafted: list[int], n: int) -> list[int]:
+        """At most n guesses (and `tokens`) after context + drafted."""
+        if n <= 0:
+            return []
+        if self.index.tokens != context[:len(self.index.tokens)]:
+            self.index = NgramIndex(range(1, self.ngram + 1))  # another text
+        self.index.extend(context)
+        tail = (context[-self.ngram:] + drafted)[-self.ngram:]
+        for size in range(min(self.ngram, len(tail)), 0, -1):
+            start = self.index.starts[size].get(tuple(tail[-size:]))
+            if start is not None:
+                return self.index.tokens[start + size:start + size + min(n, self.tokens)]
+        return []
+
+
 class PromptLookupProposer:
     name = "ngram"
     shape = "chain"
