@@ -36,18 +36,23 @@ class DraftRequest:
     noise: PositionNoise | None = None
 
 
-def draw(logits: torch.Tensor, request: DraftRequest, tokens: list[int], position: int
-         ) -> tuple[int, torch.Tensor | None]:
-    """The next draft from the draft model's logits [V] after `tokens` drafted so far, drawn
-    as DraftModelProposer draws it; with the distribution it was drawn from (None: greedy)."""
+def draw(logits: torch.Tensor, request: DraftRequest, tokens: list[int], position: int, confidence: bool = False
+         ) -> tuple[int, torch.Tensor | None, float | None]:
+    """The next draft from the draft model's logits [V] after `tokens` drafted so far (a lone
+    DraftModelProposer's and a batch's alike), with the distribution it was drawn from (None:
+    greedy) and, if asked, the draft's probability of it (greedy: under its row's softmax)."""
     params, history = request.params, request.history
-    penalty_row = history.rows([tokens]) if history is not None else None
-    if params.greedy:
-        return greedy_token(logits if penalty_row is None else adjust_logits(logits, params, penalty_row)), None
+    penalty_row = history.rows([tokens]) if history is not None else None  # as the target's row after them
+    if params.greedy:  # greedy verification needs no draft probabilities
+        row = logits if penalty_row is None else adjust_logits(logits, params, penalty_row)
+        token = greedy_token(row)
+        return token, None, float(torch.softmax(row.float().reshape(-1), -1)[token]) if confidence else None
     probs = final_probs(logits[None], params, penalty_row)[0]
-    if request.noise is not None:
-        return int(race(probs, request.noise.exponentials(position))), probs
-    return sample(probs, request.generator), probs
+    if request.noise is not None:  # the race the target's seeded choice at this position runs
+        token = int(race(probs, request.noise.exponentials(position)))
+    else:
+        token = sample(probs, request.generator)
+    return token, probs, float(probs[token]) if confidence else None
 
 
 class BatchDraftModel:
@@ -127,7 +132,7 @@ class BatchDraftModel:
             for r in active:
                 guess, drafted = guesses[r.slot], tokens[r.slot]
                 for i, row_logits in enumerate(logits[r.slot]):  # a row a draft, as passes of their own
-                    token, row = draw(row_logits, r, drafted, len(r.context) + len(drafted))
+                    token, row, _ = draw(row_logits, r, drafted, len(r.context) + len(drafted))
                     drafted.append(token)
                     if row is not None:
                         probs[r.slot].append(row)

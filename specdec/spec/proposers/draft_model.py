@@ -7,10 +7,11 @@ import torch
 
 from specdec.models.cache import shared_prefix
 from specdec.models.runner import Runner
-from specdec.sampling import SamplingParams, final_probs, greedy_token, sample
-from specdec.sampling.penalties import TokenHistory, adjust_logits
-from specdec.sampling.seeded import PositionNoise, race
+from specdec.sampling import SamplingParams
+from specdec.sampling.penalties import TokenHistory
+from specdec.sampling.seeded import PositionNoise
 from specdec.spec.proposers.base import Proposal
+from specdec.spec.proposers.batch_draft import DraftRequest, draw
 from specdec.spec.proposers.prompt_lookup import LOOKUP_TOKENS, Guesser, PromptLookupProposer, with_lookup_chain
 
 READ_SAMPLE = 32  # catch-ups of at least this many tokens time the draft's reading rate
@@ -126,6 +127,7 @@ class DraftModelProposer:
             if len(feed) > READ_SAMPLE:  # long enough that the pass's fixed costs hardly count
                 self.read_seconds_per_token = sync_seconds / (len(feed) - 1)
             feed = feed[-1:]
+        request = DraftRequest(0, context, k, params, generator, history, noise)
         tokens, rows = [], []
         confidence, confidences = 1.0, []  # the draft's probability of all its drafts so far, after each
         ahead = self.ahead
@@ -136,21 +138,10 @@ class DraftModelProposer:
             out = self.runner.extend(fed, last_logits=not guess)  # a 2-token catch-up needs one row
             self.cached.extend(fed)
             for i, logits in enumerate(out[len(out) - len(guess) - 1:]):
-                # penalised like the target's row after the same drafts
-                penalty_row = history.rows([tokens]) if history is not None else None
-                if params.greedy:  # greedy verification needs no draft probabilities
-                    row = logits if penalty_row is None else adjust_logits(logits, params, penalty_row)
-                    token = greedy_token(row)
-                    if floor is not None:
-                        confidence *= float(torch.softmax(row.float().reshape(-1), -1)[token])
-                else:
-                    probs = final_probs(logits[None], params, penalty_row)[0]
-                    if noise is not None:  # the race the target's seeded choice at this position runs
-                        token = int(race(probs, noise.exponentials(len(context) + len(tokens))))
-                    else:
-                        token = sample(probs, generator)
+                token, probs, p = draw(logits, request, tokens, len(context) + len(tokens), floor is not None)
+                if probs is not None:
                     rows.append(probs)
-                    confidence *= float(probs[token])
+                confidence *= p if p is not None else 1.0
                 tokens.append(token)
                 confidences.append(confidence)
                 stop = floor is not None and confidence < floor
