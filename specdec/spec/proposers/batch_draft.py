@@ -122,11 +122,12 @@ class BatchDraftModel:
         tokens = {r.slot: [] for r in requests}
         probs: dict[int, list[torch.Tensor]] = {r.slot: [] for r in requests}
         ks = {r.slot: min(r.k, self.runner.max_len - len(r.context)) for r in requests}
+        for r in requests:
+            self.guessers[r.slot].follow(r.context)
         while active := [r for r in requests if len(tokens[r.slot]) < ks[r.slot]]:
             room = max(0, (GUESS_ROWS - len(active)) // len(active))  # guesses a sequence, within GUESS_ROWS
-            guesses = {r.slot: self.guessers[r.slot].guess(r.context, tokens[r.slot],
-                                                           min(room, ks[r.slot] - len(tokens[r.slot]) - 1))
-                       for r in active}
+            left = {r.slot: ks[r.slot] - len(tokens[r.slot]) - 1 for r in active}  # drafts after the next
+            guesses = {r.slot: self.guessers[r.slot].guess(tokens[r.slot], min(room, left[r.slot])) for r in active}
             logits = self._pass({r.slot: feeds[r.slot] + guesses[r.slot] for r in active},
                                 {r.slot: len(guesses[r.slot]) + 1 for r in active})
             for r in active:

@@ -130,10 +130,11 @@ class DraftModelProposer:
         request = DraftRequest(0, context, k, params, generator, history, noise)
         tokens, rows = [], []
         confidence, confidences = 1.0, []  # the draft's probability of all its drafts so far, after each
-        ahead = self.ahead
+        if self.ahead:
+            self.guesser.follow(context)
         stop = False
         while len(tokens) < k and not stop:
-            guess = self.guesser.guess(context, tokens, k - len(tokens) - 1) if ahead else []
+            guess = self.guesser.guess(tokens, k - len(tokens) - 1) if self.ahead else []
             fed = feed + guess
             out = self.runner.extend(fed, last_logits=not guess)  # a 2-token catch-up needs one row
             self.cached.extend(fed)

@@ -48,14 +48,17 @@ class Guesser:
         self.ngram, self.tokens = ngram, tokens
         self.index = NgramIndex(range(1, ngram + 1))
 
-    def guess(self, context: list[int], drafted: list[int], n: int) -> list[int]:
-        """At most n guesses (and `tokens`) after context + drafted."""
+    def follow(self, context: list[int]) -> None:
+        """Index the context a draft goes on from (once a drafting step; another text afresh)."""
+        if self.index.tokens != context[:len(self.index.tokens)]:
+            self.index = NgramIndex(range(1, self.ngram + 1))
+        self.index.extend(context)
+
+    def guess(self, drafted: list[int], n: int) -> list[int]:
+        """At most n guesses (and `tokens`) after the followed context + drafted."""
         if n <= 0:
             return []
-        if self.index.tokens != context[:len(self.index.tokens)]:
-            self.index = NgramIndex(range(1, self.ngram + 1))  # another text
-        self.index.extend(context)
-        tail = (context[-self.ngram:] + drafted)[-self.ngram:]
+        tail = (self.index.tokens[-self.ngram:] + drafted)[-self.ngram:]
         for size in range(min(self.ngram, len(tail)), 0, -1):
             start = self.index.starts[size].get(tuple(tail[-size:]))
             if start is not None:
