@@ -32,3 +32,22 @@ def test_index_matches_a_scan_as_contexts_grow_side_by_side():
                 assert proposer._lookup(context, k) == scan(context, k), (context, k)
             a += [rnd.randrange(6) for _ in range(rnd.randrange(1, 4))]
             b.append(rnd.randrange(3))
+
+
+def test_a_guesser_proposes_what_followed_the_longest_ngram_ending_the_drafts():
+    """A draft model's guesses (Guesser): what followed the latest earlier occurrence in the
+    context of the longest n-gram ending the context and the drafts after it."""
+    from specdec.spec.proposers.prompt_lookup import Guesser
+
+    guesser = Guesser(ngram=3, tokens=4)
+    context = [1, 2, 3, 4, 5, 6, 7, 9, 2, 3, 8, 1, 2]
+    guesser.follow(context)
+    assert guesser.guess([], 8) == [3, 4, 5, 6]  # "8 1 2" not earlier; "1 2" at 0; at most `tokens`
+    assert guesser.guess([3], 8) == [4, 5, 6, 7]  # "1 2 3" (the context's end and a draft) at 0
+    assert guesser.guess([3], 2) == [4, 5]  # at most n
+    assert guesser.guess([9, 2, 3], 4) == [8, 1, 2]  # "9 2 3" at 7: to the context's end
+    assert guesser.guess([42], 4) == [] and guesser.guess([3], 0) == []
+    guesser.follow(context + [3, 4])  # the same text further on: indexed on from where it was
+    assert guesser.guess([], 4) == [5, 6, 7, 9]  # "2 3 4" at 1
+    guesser.follow([5, 6, 5])  # another text: indexed afresh
+    assert guesser.guess([], 4) == [6, 5]
