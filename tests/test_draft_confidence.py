@@ -98,11 +98,10 @@ def test_the_controller_learns_the_calibration_from_its_steps():
     c = DraftLengthController(max_k=8, stops_at_floor=True)
     c.observe(replace(record(8, 3, 1, 1.0, 0.3, 0.0), confidences=(0.9, 0.5, 0.2)))
     d = c.calibration.decay  # draft 1 kept, drafts 2 and 3 not: each exponent's log-likelihood
-    assert c.calibration.log_likelihood == pytest.approx(
-        [d * d * g * math.log(0.9) + d * math.log1p(-0.5 ** g) + math.log1p(-0.2 ** g) for g in GAMMAS])
+    expected = [d * d * g * math.log(0.9) + d * math.log1p(-0.5 ** g) + math.log1p(-0.2 ** g) for g in GAMMAS]
+    assert c.calibration.log_likelihood == pytest.approx(expected)
     c.observe(record(8, 3, 1, 1.0, 0.3, 0.0))  # a step without confidences (the drafter had no floor)
-    assert c.calibration.log_likelihood == pytest.approx(
-        [d * d * g * math.log(0.9) + d * math.log1p(-0.5 ** g) + math.log1p(-0.2 ** g) for g in GAMMAS])
+    assert c.calibration.log_likelihood == pytest.approx(expected)
 
 
 def test_greedy_output_with_stopped_drafts_is_plain_decodings(tmp_path, monkeypatch):
