@@ -128,17 +128,18 @@ def grouped_kernel(name: str):
 
 @needs_kernels
 @pytest.mark.parametrize("name", [*GROUPED.kernels, "vnni+amx"])
-@pytest.mark.parametrize("layout,K", [("Q4_K", 512), ("Q4_K", 384), ("Q6_K", 512), ("Q8_0", 160), ("Q4_1", 96),
-                                      ("Q5_0", 96)])
+@pytest.mark.parametrize("layout,K", [("Q4_K", 512), ("Q4_K", 384), ("Q6_K", 512), ("Q6_K packed", 512),
+                                      ("Q8_0", 160), ("Q4_1", 96), ("Q5_0", 96)])
 def test_grouped_weights_with_bfloat16_inputs_are_accurate_and_row_invariant_on_each_kernel(name, layout, K):
     g = torch.Generator().manual_seed(4)
     N, M = 96, 53  # 6 blocks of 16 outputs (the columns layout's); 48 rows on AMX tiles for every layout
-    grouped = _grouped(layout, N, K, g)
+    grouped = _grouped(layout.split()[0], N, K, g)
     bias = torch.randn(N, generator=g)
     x = torch.randn(M, K, generator=g).to(torch.bfloat16)
     reference = F.linear(x.double(), grouped.dequantized().double(), bias.double())
 
-    laid = grouped.in_columns() if name.startswith("vnni") else grouped  # the layout each kernel reads
+    # the layout each kernel reads ("packed": Q6_K's values 6 bits each, gguf_blocks.pack_six)
+    laid = grouped.in_columns(layout.endswith("packed")) if name.startswith("vnni") else grouped
 
     def product(rows):
         return invariant.linear_grouped(rows, laid.q, laid.scale, laid.offset, laid.group, bias, bits=laid.bits,
@@ -157,13 +158,13 @@ def test_grouped_weights_with_bfloat16_inputs_are_accurate_and_row_invariant_on_
 
 
 @needs_kernels
-@pytest.mark.parametrize("layout", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("layout", ["Q4_K", "Q6_K", "Q6_K packed"])
 def test_the_tiles_rows_in_several_panels_have_vnnis_bits(layout):
     """Rows wide enough that the AMX kernel takes x in several panels (rows.cpp amx_super_glinear:
     each panel's quantized x within 1.5 MB): still each row's VNNI bits."""
     g = torch.Generator().manual_seed(6)
     N, K, M = 32, 8192, 208
-    laid = _grouped(layout, N, K, g).in_columns()
+    laid = _grouped(layout.split()[0], N, K, g).in_columns(layout.endswith("packed"))
     x = torch.randn(M, K, generator=g).to(torch.bfloat16)
 
     def product():

@@ -1274,11 +1274,11 @@ struct SuperChunk {
     alignas(64) int8_t b[PARTS + 1][16 * 64];  // the B tiles: parts, then offsets
 };
 
-template <int G, bool NIB, int S>
+template <int G, bool NIB, int S, bool SIX>
 AMX_INT8_TARGET inline void super_chunks(const uint8_t* wb, const int8_t* scale, const int8_t* offset, int64_t s,
                                          SuperChunk<NIB>* out) {
     using C = SuperChunk<NIB>;
-    constexpr int64_t GB = NIB ? G / 2 : G;
+    constexpr int64_t GB = NIB ? G / 2 : SIX ? G * 3 / 4 : G;
     const __m512i even = _mm512_set1_epi16(0x00FF);
     for (int h = 0; h < S / G; ++h) {
         const int64_t g = s * (S / G) + h;
@@ -1288,7 +1288,10 @@ AMX_INT8_TARGET inline void super_chunks(const uint8_t* wb, const int8_t* scale,
         const __m512i off = _mm512_mullo_epi32(_mm512_and_si512(load_i8x16(offset + g * 16), _mm512_set1_epi32(0xFF)),
                                                _mm512_set1_epi32(0x01010101));
         __m512i col[G / 4];
-        group_runs<G, NIB>(wb + g * GB * 16, col);
+        if constexpr (SIX)
+            group_runs6(wb + g * GB * 16, col);
+        else
+            group_runs<G, NIB>(wb + g * GB * 16, col);
         if constexpr (NIB) {  // 4-bit parts: q * part as 16-bit products of the even and odd bytes
             const __m512i lo = _mm512_and_si512(sc, _mm512_set1_epi32(15)), hi = _mm512_srai_epi32(sc, 4);
             // each output's part in both 16-bit lanes of its 4 bytes
@@ -1359,12 +1362,12 @@ AMX_INT8_TARGET inline void super_products(const int8_t* xa, const SuperChunk<NI
 }
 
 // Rows [0, wide) (a multiple of 16) of all blocks
-template <int G, bool NIB, int S, class Y>
+template <int G, bool NIB, int S, class Y, bool SIX>
 AMX_INT8_TARGET void amx_super_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs,
                                        const float* bias, Y* y, int64_t ldy, int64_t wide, int64_t blocks, int64_t K) {
     using C = SuperChunk<NIB>;
     constexpr int CH = S / 64;
-    const int64_t KG = K / G, KS = K / S, ldw = NIB ? K / 2 : K;
+    const int64_t KG = K / G, KS = K / S, ldw = NIB ? K / 2 : SIX ? K * 3 / 4 : K;
     // x's rows by chunks of 64 inputs, [K / 64][wide][64]: each A tile one contiguous KB (rows K
     // bytes apart fell in few cache sets)
     const auto chunked = team_rows<std::vector<int8_t>>(
@@ -1390,7 +1393,7 @@ AMX_INT8_TARGET void amx_super_glinear(const QuantizedRows& xr, const uint8_t* w
                 const int8_t* offset = static_cast<const int8_t*>(gs.offset) + blk * KG * 16;
                 for (int64_t i = 0; i < rows * 16; ++i) acc[i] = 0.0f;
                 for (int64_t s = 0; s < KS; ++s) {
-                    super_chunks<G, NIB, S>(wb, scale, offset, s, chunks);
+                    super_chunks<G, NIB, S, SIX>(wb, scale, offset, s, chunks);
                     const __m512 f = _mm512_loadu_ps(gs.scale_super + (blk * KS + s) * 16);
                     const __m512 o = _mm512_loadu_ps(gs.offset_super + (blk * KS + s) * 16);
                     for (int64_t m0 = p0; m0 < p0 + rows; m0 += 16) {
@@ -1446,10 +1449,11 @@ VNNI_TARGET void vnni_super_glinear(const QuantizedRows& xr, const uint8_t* w, c
     // B tiles (4 parts) cost more to build, paid again for each panel (Qwen2.5-Coder-1.5B's layers
     // 0-3, Intel Xeon with AMX, 2 threads, AMX vs VNNI: 16 rows 4.1 vs 3.0 ms, 64 rows 8.4 vs 10.5;
     // 48 rows 6.0-11.0 vs 10.6-11.2 after the masked-move build)
-    // (6-bit packing is made only where the process did not choose AMX tiles: models/gguf_blocks.py)
-    const int64_t wide = !SIX && grouped_wide_kernel && M >= (NIB ? 16 : AMX_SUPER_MIN_ROWS_8BIT) ? M / 16 * 16 : 0;
+    // (Q6_K's 6-bit packing is unpacked to bytes as the tiles' B rows are built, as for VNNI: a
+    // decode pass reads 3/4 of those weights' bytes on either)
+    const int64_t wide = grouped_wide_kernel && M >= (NIB ? 16 : AMX_SUPER_MIN_ROWS_8BIT) ? M / 16 * 16 : 0;
     if (wide) {
-        amx_super_glinear<G, NIB, S>(xr, w, gs, bias, y, ldy, wide, blocks, K);
+        amx_super_glinear<G, NIB, S, Y, SIX>(xr, w, gs, bias, y, ldy, wide, blocks, K);
         if (wide == M) return;
     }
     const int32_t* xpair = xr.pairs.data();

@@ -143,12 +143,11 @@ def for_kernels(g: Grouped) -> Grouped:
     """g in the layout this machine's grouped products read: the columns layout where the kernels
     chose VNNI for them (kernels/variants.py "grouped") and N is a multiple of 16, else g. Q6_K's
     values packed to 6 bits there (a 1-token pass reads 3/4 of their bytes: Qwen2.5-Coder-1.5B's
-    output head and half its down projections), except where AMX tiles run wide passes (they read
-    a byte a value)."""
+    output head and half its down projections), AMX tiles' wide passes included."""
     N, K = g.shape
     if g.columns or N % 16 or K % 32 or kernels_in_use().get("grouped") != "vnni":
         return g
-    return g.in_columns(g.six_bit_packable and kernels_in_use().get("grouped_wide") != "amx")
+    return g.in_columns(g.six_bit_packable)
 
 
 def pack_six(q: torch.Tensor) -> torch.Tensor:
