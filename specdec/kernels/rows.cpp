@@ -981,6 +981,19 @@ VNNI_TARGET inline void group_runs6(const uint8_t* wc, __m512i* col) {
     col[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(t1, 4), low), _mm512_and_si512(_mm512_srli_epi16(h, 2), top));
 }
 
+// A group's bytes for 16 outputs / 16 in the columns layout: 4 bits a value (NIB), 6 (SIX: Q6_K
+// packed) or 8; and its runs as bytes (group_runs or group_runs6), for VNNI and AMX alike
+template <int G, bool NIB, bool SIX>
+constexpr int64_t group_bytes() { return NIB ? G / 2 : SIX ? G * 3 / 4 : G; }
+
+template <int G, bool NIB, bool SIX>
+VNNI_TARGET inline void super_group_runs(const uint8_t* wc, __m512i* col) {
+    if constexpr (SIX)
+        group_runs6(wc, col);
+    else
+        group_runs<G, NIB>(wc, col);
+}
+
 // One row's exact integer dots with a group's runs (group_runs): two chains of steps (half the
 // latency), added; each 4 inputs broadcast straight from memory (through a general register they
 // queued on the shuffle port)
@@ -1219,7 +1232,7 @@ VNNI_TARGET inline void vnni_super_rows(const QuantizedRows& xr, const int32_t* 
     constexpr int GS = S / G, P = G / 4;
     static_assert(GS % 2 == 0, "a superblock holds pairs of groups");
     static_assert(!SIX || (G == 16 && !NIB), "6-bit packing is Q6_K's: groups of 16");
-    constexpr int64_t GB = NIB ? G / 2 : SIX ? G * 3 / 4 : G;
+    constexpr int64_t GB = group_bytes<G, NIB, SIX>();
     const int64_t KG = K / G, KS = K / S, n0 = blk * 16;
     const int8_t* scale = static_cast<const int8_t*>(gs.scale) + blk * KG * 16;
     const int8_t* offset = static_cast<const int8_t*>(gs.offset) + blk * KG * 16;
@@ -1237,10 +1250,7 @@ VNNI_TARGET inline void vnni_super_rows(const QuantizedRows& xr, const int32_t* 
             for (int k = 0; k < GB / 4; ++k)
                 _mm_prefetch(reinterpret_cast<const char*>(wc + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
             __m512i col[P];
-            if constexpr (SIX)
-                group_runs6(wc, col);
-            else
-                group_runs<G, NIB>(wc, col);
+            super_group_runs<G, NIB, SIX>(wc, col);
             const __m512i sc = load_i8x16(scale + g * 16);
             for (int j = 0; j < R; ++j) {
                 const __m512i dot = group_dot<P>(col, xr.q.data() + (m0 + j) * K + g * G);
@@ -1278,7 +1288,7 @@ template <int G, bool NIB, int S, bool SIX>
 AMX_INT8_TARGET inline void super_chunks(const uint8_t* wb, const int8_t* scale, const int8_t* offset, int64_t s,
                                          SuperChunk<NIB>* out) {
     using C = SuperChunk<NIB>;
-    constexpr int64_t GB = NIB ? G / 2 : SIX ? G * 3 / 4 : G;
+    constexpr int64_t GB = group_bytes<G, NIB, SIX>();
     const __m512i even = _mm512_set1_epi16(0x00FF);
     for (int h = 0; h < S / G; ++h) {
         const int64_t g = s * (S / G) + h;
@@ -1288,10 +1298,7 @@ AMX_INT8_TARGET inline void super_chunks(const uint8_t* wb, const int8_t* scale,
         const __m512i off = _mm512_mullo_epi32(_mm512_and_si512(load_i8x16(offset + g * 16), _mm512_set1_epi32(0xFF)),
                                                _mm512_set1_epi32(0x01010101));
         __m512i col[G / 4];
-        if constexpr (SIX)
-            group_runs6(wb + g * GB * 16, col);
-        else
-            group_runs<G, NIB>(wb + g * GB * 16, col);
+        super_group_runs<G, NIB, SIX>(wb + g * GB * 16, col);
         if constexpr (NIB) {  // 4-bit parts: q * part as 16-bit products of the even and odd bytes
             const __m512i lo = _mm512_and_si512(sc, _mm512_set1_epi32(15)), hi = _mm512_srai_epi32(sc, 4);
             // each output's part in both 16-bit lanes of its 4 bytes
@@ -1367,7 +1374,7 @@ AMX_INT8_TARGET void amx_super_glinear(const QuantizedRows& xr, const uint8_t* w
                                        const float* bias, Y* y, int64_t ldy, int64_t wide, int64_t blocks, int64_t K) {
     using C = SuperChunk<NIB>;
     constexpr int CH = S / 64;
-    const int64_t KG = K / G, KS = K / S, ldw = NIB ? K / 2 : SIX ? K * 3 / 4 : K;
+    const int64_t KG = K / G, KS = K / S, ldw = KG * group_bytes<G, NIB, SIX>();
     // x's rows by chunks of 64 inputs, [K / 64][wide][64]: each A tile one contiguous KB (rows K
     // bytes apart fell in few cache sets)
     const auto chunked = team_rows<std::vector<int8_t>>(
@@ -1444,7 +1451,7 @@ constexpr int64_t SUPER_MAX_ROWS = 12;
 template <int G, bool NIB, int S, class Y, bool SIX = false>
 VNNI_TARGET void vnni_super_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs, const float* bias,
                                     Y* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
-    const int64_t KG = K / G, ldw = NIB ? K / 2 : SIX ? K * 3 / 4 : K, blocks = N / 16;
+    const int64_t KG = K / G, ldw = KG * group_bytes<G, NIB, SIX>(), blocks = N / 16;
     // rows on AMX tiles, the rest as below: from 16 rows for 4-bit values, from 48 for Q6_K, whose
     // B tiles (4 parts) cost more to build, paid again for each panel (Qwen2.5-Coder-1.5B's layers
     // 0-3, Intel Xeon with AMX, 2 threads, AMX vs VNNI: 16 rows 4.1 vs 3.0 ms, 64 rows 8.4 vs 10.5;
