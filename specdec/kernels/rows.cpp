@@ -981,8 +981,9 @@ VNNI_TARGET inline void group_runs6(const uint8_t* wc, __m512i* col) {
     col[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(t1, 4), low), _mm512_and_si512(_mm512_srli_epi16(h, 2), top));
 }
 
-// A group's bytes for 16 outputs / 16 in the columns layout: 4 bits a value (NIB), 6 (SIX: Q6_K
-// packed) or 8; and its runs as bytes (group_runs or group_runs6), for VNNI and AMX alike
+// The bytes one output's group of G values takes in the columns layout: 4 bits a value (NIB), 6
+// (SIX: Q6_K packed) or 8; and a group's runs as bytes (group_runs or group_runs6), for VNNI and
+// AMX alike
 template <int G, bool NIB, bool SIX>
 constexpr int64_t group_bytes() { return NIB ? G / 2 : SIX ? G * 3 / 4 : G; }
 
