@@ -119,6 +119,15 @@ def _grouped(layout: str, N: int, K: int, g: torch.Generator):
     return Grouped(q, floats(32), -floats(32), 32, 8)
 
 
+def laid_for(name: str, grouped, packed: bool = False):
+    """grouped in the layout a kernel reads, as models/gguf_blocks.py for_kernels lays it: the columns
+    layout for VNNI, and for avx2-columns where it reads the format (the K-quants' two levels)."""
+    if name.startswith("vnni") or (name == "avx2-columns" and (grouped.six_bit_packable
+                                                                or grouped.four_bit_superblocks)):
+        return grouped.in_columns(packed)
+    return grouped
+
+
 @contextmanager
 def grouped_kernel(name: str):
     """avx2, vnni, or vnni+amx: VNNI with its full 16-row chunks on AMX-INT8 tiles."""
@@ -139,7 +148,7 @@ def test_grouped_weights_with_bfloat16_inputs_are_accurate_and_row_invariant_on_
     reference = F.linear(x.double(), grouped.dequantized().double(), bias.double())
 
     # the layout each kernel reads ("packed": Q6_K's values 6 bits each, gguf_blocks.pack_six)
-    laid = grouped.in_columns(layout.endswith("packed")) if name.startswith("vnni") else grouped
+    laid = laid_for(name, grouped, layout.endswith("packed"))
 
     def product(rows):
         return invariant.linear_grouped(rows, laid.q, laid.scale, laid.offset, laid.group, bias, bits=laid.bits,
@@ -178,6 +187,31 @@ def test_the_tiles_rows_in_several_panels_have_vnnis_bits(layout):
 
 
 @needs_kernels
+@pytest.mark.parametrize("layout,K", [("Q4_K", 512), ("Q4_K", 384), ("Q6_K", 512), ("Q6_K packed", 512)])
+def test_avx2_columns_give_vnnis_bits(layout, K):
+    """The AVX2 kernel on the columns layout computes VNNI's integers and float steps: the same bits
+    for every row (where this CPU has VNNI to compare with), and its own at any width."""
+    g = torch.Generator().manual_seed(9)
+    N, M = 64, 19
+    laid = _grouped(layout.split()[0], N, K, g).in_columns(layout.endswith("packed"))
+    bias = torch.randn(N, generator=g)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+
+    def product(rows, dtype=torch.float32):
+        return invariant.linear_grouped(rows, laid.q, laid.scale, laid.offset, laid.group, bias, bits=laid.bits,
+                                        scale_super=laid.scale_super, offset_super=laid.offset_super,
+                                        out=torch.empty(len(rows), N, dtype=dtype), columns=True)
+    with grouped_kernel("avx2-columns"):
+        y, narrow = product(x), product(x, torch.bfloat16)
+        for m in (1, 3, 8, 9):  # tiles of 8 and what is left
+            assert torch.equal(product(x[M - m:]), y[M - m:]), m
+    if "vnni" not in _usable(GROUPED):
+        pytest.skip("this CPU lacks AVX-512 VNNI to compare with")
+    with grouped_kernel("vnni"):
+        assert torch.equal(product(x), y) and torch.equal(product(x, torch.bfloat16), narrow)
+
+
+@needs_kernels
 @pytest.mark.parametrize("name", [*GROUPED.kernels, "vnni+amx"])
 @pytest.mark.parametrize("layout,K", [("Q4_K", 384), ("Q4_1", 96), ("Q8_0", 160)])
 def test_grouped_bfloat16_out_is_one_rounding_of_the_float32_result(name, layout, K):
@@ -186,7 +220,7 @@ def test_grouped_bfloat16_out_is_one_rounding_of_the_float32_result(name, layout
     g = torch.Generator().manual_seed(8)
     N, M = 48, 21
     laid = _grouped(layout, N, K, g)
-    laid = laid.in_columns() if name.startswith("vnni") else laid
+    laid = laid_for(name, laid)
     bias = torch.randn(N, generator=g)
     bias[5] = float("nan")
     x = torch.randn(M, K, generator=g).to(torch.bfloat16)

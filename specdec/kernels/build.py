@@ -153,7 +153,7 @@ def load_beside(defines: tuple[str, ...] = (), path: str | Path | None = None) -
 
 def kernels_in_use() -> dict[str, str]:
     """The instruction sequence each product variant runs here (variants.py: "bf16": "avx2", "amx"
-    or "avx512"; "grouped": "avx2" or "vnni"); empty where the kernels are unavailable."""
+    or "avx512"; "grouped": "avx2", "vnni" or "avx2-columns"); empty where the kernels are unavailable."""
     return dict(_chosen) if load() is not None else {}
 
 

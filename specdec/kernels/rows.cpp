@@ -113,6 +113,25 @@ inline void store(uint16_t* y, float v) {
     *y = (u & 0x7fffffffu) > 0x7f800000u ? uint16_t(0x7fc0) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+// 8 values at once, bit for bit what value() and store() give one at a time
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return Bf16::load(p); }
+inline void store8(float* y, __m256 v) { _mm256_storeu_ps(y, v); }
+inline __m256i bf16_bits8(__m256 v) {  // store()'s rounding on 8 lanes, as 32-bit lanes holding 16 bits
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
+}
+inline void store8(uint16_t* y, __m256 v) {
+    const __m256i r = bf16_bits8(v);
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128((__m128i*)y, packed);
+}
+inline __m256 rounded8(__m256 v, float*) { return v; }
+inline __m256 rounded8(__m256 v, uint16_t*) { return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits8(v), 16)); }
+
 // What follows a product's sum, in this order for every row: times the weight row's scale
 // (int8), plus the bias, one rounding.
 struct Epilogue {
@@ -920,10 +939,14 @@ void glinear(const void* x, bool x_bf16, const uint8_t* w, const GroupScales& gs
 // 16 outputs, as many as one row's dots).
 // (Tried: AMX-INT8 tiles per group over row-major weights: flat in rows but 3x slower than AVX2 at
 // one row, the per-group tile steps' latency and stores; see variants.py.)
-int grouped_columns_kernel = 0;  // 1 where this build has the AVX-512 VNNI code and load() chose it
+// 1 where this build has the AVX-512 VNNI code and load() chose it; 2: avx2_super_glinear (two-level
+// 4-bit and Q6_K weights; the rest row-major, models/gguf_blocks.py for_kernels)
+int grouped_columns_kernel = 0;
 
-#ifdef SPECDEC_AMX
-#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
+// The bytes one output's group of G values takes in the columns layout: 4 bits a value (NIB), 6
+// (SIX: Q6_K packed) or 8
+template <int G, bool NIB, bool SIX>
+constexpr int64_t group_bytes() { return NIB ? G / 2 : SIX ? G * 3 / 4 : G; }
 
 constexpr int64_t GROUPED_PREFETCH = 2048;  // bytes ahead in the weights' run (vnni_glinear)
 // A call of 3 or more rows spends long enough on each group that its weights must be asked for
@@ -933,6 +956,9 @@ constexpr int64_t GROUPED_PREFETCH = 2048;  // bytes ahead in the weights' run (
 // layer stack's 8-token pass 37.1 -> 33.1 ms (scripts/stack_ab.py); 4096 and 10240 gained less.
 constexpr int64_t WIDE_PREFETCH = 6144;
 constexpr int64_t prefetch_ahead(int rows) { return rows >= 3 ? WIDE_PREFETCH : GROUPED_PREFETCH; }
+
+#ifdef SPECDEC_AMX
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
 // Block blk's 16 outputs' scales (or offsets) of group g side by side: the columns layout keeps
 // them so ([N / 16][K / G][16], supers [N / 16][K / S][16]); two levels: float(int8) * super
@@ -981,12 +1007,7 @@ VNNI_TARGET inline void group_runs6(const uint8_t* wc, __m512i* col) {
     col[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(t1, 4), low), _mm512_and_si512(_mm512_srli_epi16(h, 2), top));
 }
 
-// The bytes one output's group of G values takes in the columns layout: 4 bits a value (NIB), 6
-// (SIX: Q6_K packed) or 8; and a group's runs as bytes (group_runs or group_runs6), for VNNI and
-// AMX alike
-template <int G, bool NIB, bool SIX>
-constexpr int64_t group_bytes() { return NIB ? G / 2 : SIX ? G * 3 / 4 : G; }
-
+// A group's runs as bytes (group_runs or group_runs6), for VNNI and AMX alike
 template <int G, bool NIB, bool SIX>
 VNNI_TARGET inline void super_group_runs(const uint8_t* wc, __m512i* col) {
     if constexpr (SIX)
@@ -1513,6 +1534,137 @@ VNNI_TARGET void vnni_glinear(const QuantizedRows& xr, const uint8_t* w, const G
 }
 #endif
 
+// The K-quants' superblock products of vnni_super_rows on the columns layout with AVX2 alone (grouped kernel 2,
+// "avx2-columns"): a block's 16 outputs as two halves of 8 (bytes 0-31 of each 64-byte run, then 32-63), a
+// group's runs unpacked once for the tile's rows. A row's 4 inputs are broadcast against the half's 4 weights
+// an output (VPMADDUBSW: products in int16 pairs), a group's pairs added in int16 (4-bit values: 8 steps, at
+// most 8 x 2 x 15 x 127 = 30,480; values below 64: 2 steps, 32,004) and multiplied by the group's int8 scales
+// (VPMADDWD: an output's two int16 against its scale twice, scale x dot in int32). The same exact integers as
+// VNNI's (the dots and the offsets' sums) and the same float steps in the same order: each row gets
+// vnni_super_glinear's bits, at any width. Why: the row-major kernel (ktile) pays the float steps and the
+// offsets once an output, superblock and row, and unpacks a column's weights for 7 rows at most; here the
+// steps come once per 8 outputs and a group's runs serve 8 rows. Measured on an AMD EPYC Zen 3 (AVX2, no
+// AVX-512), 2 threads, Qwen2.5-Coder-1.5B Q4_K_M whole passes, two runners in one process, medians of 3
+// rounds: 1 / 4 / 8 / 16 / 32 rows 61.0 / 95.1 / 209.1 / 386.8 / 664.0 ms row-major, 53.1 / 77.5 / 138.8 /
+// 214.6 / 446.7 here (tiles of 8; the last rows as one tile of 9-16 measured no faster at 9 and 16,
+// bench/results/avx2_columns_stop75_zen3.txt).
+template <int G, bool NIB, bool SIX>
+inline void half_runs(const uint8_t* wc, __m256i* col) {  // wc: the group's runs, at the half's first byte
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const auto at = [&](int64_t i) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wc + i)); };
+    if constexpr (SIX) {  // group_runs6's unpacking
+        const __m256i top = _mm256_set1_epi8(0x30), t0 = at(0), t1 = at(64), h = at(128);
+        col[0] = _mm256_or_si256(_mm256_and_si256(t0, low), _mm256_and_si256(_mm256_slli_epi16(h, 4), top));
+        col[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(t0, 4), low), _mm256_and_si256(_mm256_slli_epi16(h, 2), top));
+        col[2] = _mm256_or_si256(_mm256_and_si256(t1, low), _mm256_and_si256(h, top));
+        col[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(t1, 4), low), _mm256_and_si256(_mm256_srli_epi16(h, 2), top));
+    } else if constexpr (NIB) {
+        for (int j = 0; j < 4; ++j) {
+            const __m256i t = at(64 * j);
+            col[j] = _mm256_and_si256(t, low);
+            col[4 + j] = _mm256_and_si256(_mm256_srli_epi16(t, 4), low);
+        }
+    } else {
+        for (int p = 0; p < G / 4; ++p) col[p] = at(64 * p);
+    }
+}
+
+inline __m256i broadcast4(const int8_t* p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+// One row's group dot for the half's 8 outputs, times their scales (sc: each an int16 pair of it): int32 lanes
+template <int G, bool NIB>
+inline __m256i half_dot(const __m256i* col, const int8_t* xg, __m256i sc) {
+    constexpr int P = G / 4, RUN = NIB ? 8 : 2;  // steps whose int16 sums stay within int16
+    __m256i dots = _mm256_setzero_si256();
+    for (int p0 = 0; p0 < P; p0 += RUN) {
+        __m256i even = _mm256_maddubs_epi16(col[p0], broadcast4(xg + 4 * p0));
+        __m256i odd = _mm256_maddubs_epi16(col[p0 + 1], broadcast4(xg + 4 * p0 + 4));
+        for (int p = p0 + 2; p < p0 + RUN; p += 2) {
+            even = _mm256_add_epi16(even, _mm256_maddubs_epi16(col[p], broadcast4(xg + 4 * p)));
+            odd = _mm256_add_epi16(odd, _mm256_maddubs_epi16(col[p + 1], broadcast4(xg + 4 * p + 4)));
+        }
+        dots = _mm256_add_epi32(dots, _mm256_madd_epi16(_mm256_add_epi16(even, odd), sc));
+    }
+    return dots;
+}
+
+inline __m256i int16_pairs(__m128i v) {  // 8 int16 -> each twice: v0 v0 v1 v1 ... v7 v7
+    return _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
+}
+
+// R rows from m0 of half h (outputs n0 .. n0 + 7) of block blk
+template <int G, bool NIB, int S, int R, class Y, bool SIX>
+inline void avx2_super_rows(const QuantizedRows& xr, const int32_t* xpair, const uint8_t* wb, const GroupScales& gs,
+                            const float* bias, Y* y, int64_t ldy, int64_t m0, int64_t blk, int h, int64_t K) {
+    constexpr int GS = S / G, P = G / 4;
+    constexpr int64_t GB = group_bytes<G, NIB, SIX>();
+    const int64_t KG = K / G, KS = K / S, n0 = blk * 16 + 8 * h;
+    const int8_t* scale = static_cast<const int8_t*>(gs.scale) + blk * KG * 16 + 8 * h;
+    const int8_t* offset = static_cast<const int8_t*>(gs.offset) + blk * KG * 16 + 8 * h;
+    __m256 acc[R];
+    for (int j = 0; j < R; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < KS; ++s) {
+        __m256i dots[R];
+        for (int j = 0; j < R; ++j) dots[j] = _mm256_setzero_si256();
+        for (int gi = 0; gi < GS; ++gi) {
+            const int64_t g = s * GS + gi;
+            const uint8_t* wc = wb + g * GB * 16 + 32 * h;
+            if (h == 0)  // the second half reads the lines the first brought in
+                for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wc + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
+            __m256i col[P];
+            half_runs<G, NIB, SIX>(wc, col);
+            const __m256i sc = int16_pairs(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + g * 16))));
+            for (int j = 0; j < R; ++j)
+                dots[j] = _mm256_add_epi32(dots[j], half_dot<G, NIB>(col, xr.q.data() + (m0 + j) * K + g * G, sc));
+        }
+        const __m256 f = _mm256_loadu_ps(gs.scale_super + (blk * KS + s) * 16 + 8 * h);
+        const __m256 o = _mm256_loadu_ps(gs.offset_super + (blk * KS + s) * 16 + 8 * h);
+        __m256i pairs[GS / 2];  // groups 2i and 2i + 1: each output's two offsets as an int16 pair
+        for (int i = 0; i < GS / 2; ++i) {
+            const int8_t* oi = offset + (s * GS + 2 * i) * 16;
+            pairs[i] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(oi)),
+                                                              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(oi + 16))));
+        }
+        for (int j = 0; j < R; ++j) {
+            const int32_t* xp = xpair + (m0 + j) * (KG / 2) + s * GS / 2;
+            __m256i offs = _mm256_setzero_si256();
+            for (int i = 0; i < GS / 2; ++i) offs = _mm256_add_epi32(offs, _mm256_madd_epi16(pairs[i], _mm256_set1_epi32(xp[i])));
+            const __m256 dx = _mm256_set1_ps(xr.d[(m0 + j) * KS + s]);
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[j]), _mm256_mul_ps(f, dx), acc[j]);
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(offs), _mm256_mul_ps(o, dx), acc[j]);
+        }
+    }
+    for (int j = 0; j < R; ++j)
+        store8(y + (m0 + j) * ldy + n0, bias ? _mm256_add_ps(acc[j], _mm256_loadu_ps(bias + n0)) : acc[j]);
+}
+
+// Columns [0, N) (N % 16 == 0) of y, x quantized by superblocks of S (xr: q [M, K], d [M, K / S], pairs)
+template <int G, bool NIB, int S, class Y, bool SIX = false>
+void avx2_super_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs, const float* bias, Y* y,
+                        int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    static_assert(NIB ? G == 32 : G == 16, "4-bit values in groups of 32, or values below 64 in groups of 16");
+    const int64_t ldw = K / G * group_bytes<G, NIB, SIX>(), blocks = N / 16;
+    const int32_t* xpair = xr.pairs.data();
+    #pragma omp for schedule(static) nowait
+    for (int64_t blk = 0; blk < blocks; ++blk)
+        for (int h = 0; h < 2; ++h)
+            for (int64_t m0 = 0, r = 0; m0 < M; m0 += r) {
+                r = std::min<int64_t>(M - m0, 8);
+                switch (r) {
+#define SPECDEC_AVX2_ROWS(R) \
+    case R: avx2_super_rows<G, NIB, S, R, Y, SIX>(xr, xpair, w + blk * 16 * ldw, gs, bias, y, ldy, m0, blk, h, K); break;
+                    SPECDEC_AVX2_ROWS(1) SPECDEC_AVX2_ROWS(2) SPECDEC_AVX2_ROWS(3) SPECDEC_AVX2_ROWS(4)
+                    SPECDEC_AVX2_ROWS(5) SPECDEC_AVX2_ROWS(6) SPECDEC_AVX2_ROWS(7) SPECDEC_AVX2_ROWS(8)
+#undef SPECDEC_AVX2_ROWS
+                    default: break;
+                }
+            }
+}
+
 // glinear() on row-major weights, vnni_glinear() on the columns layout (1 where this build lacks it)
 template <int G, bool NIB, bool SIGNED, bool OFF, int S, class Y>
 int grouped(const void* x, bool x_bf16, const uint8_t* w, bool columns, const GroupScales& gs, const float* bias, Y* y,
@@ -1521,8 +1673,15 @@ int grouped(const void* x, bool x_bf16, const uint8_t* w, bool columns, const Gr
         glinear<G, NIB, SIGNED, OFF, S>(x, x_bf16, w, gs, bias, y, ldy, M, N, K);
         return 0;
     }
+    if constexpr (OFF && S > 0 && (NIB || G == 16)) {
+        if (N % 16 == 0 && grouped_columns_kernel == 2) {
+            const auto xr = quantize_rows<S>(x, x_bf16, M, K, G, SUM_PAIRS);
+            avx2_super_glinear<G, NIB, S>(*xr, w, gs, bias, y, ldy, M, N, K);
+            return 0;
+        }
+    }
 #ifdef SPECDEC_AMX
-    if (N % 16 == 0 && grouped_columns_kernel) {
+    if (N % 16 == 0 && grouped_columns_kernel == 1) {
         if constexpr (OFF && S > 0 && (NIB || G == 16)) {  // Q4_K, Q6_K: integer sums by superblocks
             const auto xr = quantize_rows<(S > 0 ? S : 32)>(x, x_bf16, M, K, G, SUM_PAIRS);
             vnni_super_glinear<G, NIB, (S > 0 ? S : 32)>(*xr, w, gs, bias, y, ldy, M, N, K);
@@ -1555,9 +1714,14 @@ int glinear_any(const void* x, bool x_bf16, const uint8_t* w, bool columns, int 
     }
     if (!off) return 1;
     if (bits == 6) {  // Q6_K packed to 6 bits: the columns layout on VNNI only
-        if (G != 16 || !two || !columns) return 1;
+        if (G != 16 || !two || !columns || N % 16) return 1;
+        if (grouped_columns_kernel == 2) {
+            const auto xr = quantize_rows<256>(x, x_bf16, M, K, G, SUM_PAIRS);
+            avx2_super_glinear<16, false, 256, Y, true>(*xr, w, gs, bias, y, ldy, M, N, K);
+            return 0;
+        }
 #ifdef SPECDEC_AMX
-        if (N % 16 == 0 && grouped_columns_kernel) {
+        if (grouped_columns_kernel == 1) {
             const auto xr = quantize_rows<256>(x, x_bf16, M, K, G, SUM_PAIRS);
             vnni_super_glinear<16, false, 256, Y, true>(*xr, w, gs, bias, y, ldy, M, N, K);
             return 0;
@@ -2319,25 +2483,6 @@ inline float rounded(float v, uint16_t*) {
 template <class Y> inline float value(const Y* p) { return float(*p); }
 template <> inline float value(const uint16_t* p) { return Bf16::one(p); }
 
-// 8 values at once, bit for bit what value() and store() give one at a time
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const uint16_t* p) { return Bf16::load(p); }
-inline void store8(float* y, __m256 v) { _mm256_storeu_ps(y, v); }
-inline __m256i bf16_bits8(__m256 v) {  // store()'s rounding on 8 lanes, as 32-bit lanes holding 16 bits
-    const __m256i u = _mm256_castps_si256(v);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
-    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
-}
-inline void store8(uint16_t* y, __m256 v) {
-    const __m256i r = bf16_bits8(v);
-    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-    _mm_storeu_si128((__m128i*)y, packed);
-}
-inline __m256 rounded8(__m256 v, float*) { return v; }
-inline __m256 rounded8(__m256 v, uint16_t*) { return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits8(v), 16)); }
-
 // y[i] = rounded(a[i] + b[i]) for n values, 8 at a time (the tail one at a time, the same sums)
 template <class Y>
 inline void add_rounded(Y* y, const Y* b, int64_t n) {
@@ -2590,8 +2735,9 @@ int set_attention_kernel(int kernel) {
 }
 
 int set_grouped_kernel(int kernel) {
+    grouped_columns_kernel = kernel == 2 ? 2 : 0;
 #ifdef SPECDEC_AMX
-    grouped_columns_kernel = kernel == 1 ? 1 : 0;
+    if (kernel == 1) grouped_columns_kernel = 1;
 #endif
     return grouped_columns_kernel;
 }

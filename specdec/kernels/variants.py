@@ -2,10 +2,12 @@
 once per machine by timing them: "bf16", bfloat16 weights and inputs through tile() (AVX2 + FMA),
 AMX tiles (amx_linear) or AVX-512 BF16 dot products (dp_linear); "grouped", GGUF-style grouped
 weights row-major through the AVX2 integer kernels (qtile, ktile), or laid out by columns at load
-(Grouped.in_columns) for AVX-512 VNNI (vnni_glinear). (Tried and not kept: GGUF's blocks
-dequantized to bfloat16 for AMX, flat in the rows but 9x slower than the 8-bit integer kernel at
-one row on Qwen2.5-Coder-1.5B; AMX-INT8 tiles a group at a time, flat but 3x slower than AVX2 at
-one row: 16 vs 5.4 ms over 96 MB of Q4_K-layout weights.)
+(Grouped.in_columns) for AVX-512 VNNI (vnni_glinear), or for AVX2 alone where the weights are a
+K-quant's two levels ("avx2-columns", avx2_super_glinear: VNNI's bits on 8 lanes; on an AVX2-only
+AMD EPYC Zen 3, Qwen2.5-Coder-1.5B's 1- / 8-token passes 61.0 / 209.1 -> 53.1 / 138.8 ms). (Tried
+and not kept: GGUF's blocks dequantized to bfloat16 for AMX, flat in the rows but 9x slower than
+the 8-bit integer kernel at one row on Qwen2.5-Coder-1.5B; AMX-INT8 tiles a group at a time, flat
+but 3x slower than AVX2 at one row: 16 vs 5.4 ms over 96 MB of Q4_K-layout weights.)
 
 Why measure: AMX reads a weight once for up to 16 rows at no extra arithmetic cost, but streams
 a single row no faster than AVX2 (measured on an Intel Xeon with AMX, 2 threads, SmolLM2's
@@ -32,7 +34,8 @@ scores and weighted values on the cached values as they lie, the query and the s
 rounded to bfloat16 once (as a bfloat16 model's own attention does): half the instructions, no
 conversion. Same machine, one layer alone (scripts/attention_ab.py micro) 1.4-2.0x "avx512"'s;
 Qwen2.5-Coder-1.5B passes after 2,000 cached tokens, 4 / 8 tokens 33.5 / 44.2 -> 27.2 / 37.2 ms.
-SPECDEC_BF16_KERNEL=avx2|amx|avx512, SPECDEC_GROUPED_KERNEL=avx2|vnni, SPECDEC_GROUPED_WIDE_KERNEL=vnni|amx
+SPECDEC_BF16_KERNEL=avx2|amx|avx512, SPECDEC_GROUPED_KERNEL=avx2|vnni|avx2-columns,
+SPECDEC_GROUPED_WIDE_KERNEL=vnni|amx
 and SPECDEC_ATTENTION_KERNEL=avx2|avx512|avx512bf16 set them by hand."""
 from __future__ import annotations
 
@@ -87,7 +90,7 @@ def _grouped_pass(lib: ctypes.CDLL, kernel: str) -> Callable[[int], float]:
 
         def run() -> None:
             for w in weights:
-                lib.linear_grouped(x.data_ptr(), 1, w.data_ptr(), int(kernel == "vnni"), 4, 0, scale.data_ptr(),
+                lib.linear_grouped(x.data_ptr(), 1, w.data_ptr(), int(kernel != "avx2"), 4, 0, scale.data_ptr(),
                                    offset.data_ptr(), scale_super.data_ptr(), offset_super.data_ptr(), G, None,
                                    y.data_ptr(), 1, N, M, N, K)
         return _seconds(run)
@@ -144,8 +147,8 @@ VARIANTS = (
     Variant("bf16", ("avx2", "amx", "avx512"), "set_bf16_kernel", _bf16_pass,
             (frozenset({"amx_bf16", "amx_tile", "avx512f", "avx512bw"}),
              frozenset({"avx512f", "avx512bw", "avx512_bf16"}))),
-    Variant("grouped", ("avx2", "vnni"), "set_grouped_kernel", _grouped_pass,
-            (frozenset({"avx512f", "avx512bw", "avx512_vnni"}),)),
+    Variant("grouped", ("avx2", "vnni", "avx2-columns"), "set_grouped_kernel", _grouped_pass,
+            (frozenset({"avx512f", "avx512bw", "avx512_vnni"}), frozenset())),
     # full 16-row chunks of the columns layout on AMX-INT8 tiles: the same bits, so only speed differs
     Variant("grouped_wide", ("vnni", "amx"), "set_grouped_wide_kernel", lambda lib, kernel: _grouped_pass(lib, "vnni"),
             (frozenset({"avx512f", "avx512bw", "avx512_vnni", "amx_tile", "amx_int8"}),), widths=(16, 64),

@@ -85,6 +85,13 @@ class Grouped:
         return (self.bits == 8 and self.group == 16 and self.q.dtype == torch.uint8 and self.scale_super is not None
                 and self.offset is not None and self.shape[1] % 256 == 0)
 
+    @property
+    def four_bit_superblocks(self) -> bool:
+        """Q4_K's shape (and a draft's 4-bit rounding): 4-bit values in groups of 32, two levels of
+        scales with offsets."""
+        return (self.bits == 4 and self.group == 32 and self.scale_super is not None and self.offset is not None
+                and self.offset_super is not None)
+
     def in_columns(self, six: bool = False) -> Grouped:
         """A copy in the columns layout rows.cpp's VNNI kernel streams (vnni_glinear): in each
         block of 16 rows, group by group, q's runs of 4 bytes of the 16 rows side by side, and
@@ -141,11 +148,16 @@ class Grouped:
 
 def for_kernels(g: Grouped) -> Grouped:
     """g in the layout this machine's grouped products read: the columns layout where the kernels
-    chose VNNI for them (kernels/variants.py "grouped") and N is a multiple of 16, else g. Q6_K's
-    values packed to 6 bits there (a 1-token pass reads 3/4 of their bytes: Qwen2.5-Coder-1.5B's
-    output head and half its down projections), AMX tiles' wide passes included."""
+    chose VNNI for them (kernels/variants.py "grouped") and N is a multiple of 16, or chose
+    "avx2-columns" and g is a K-quant's two levels that kernel reads (4-bit values in groups of 32,
+    or Q6_K's); else g. Q6_K's values packed to 6 bits there (a 1-token pass reads 3/4 of their
+    bytes: Qwen2.5-Coder-1.5B's output head and half its down projections), AMX tiles' wide
+    passes included."""
     N, K = g.shape
-    if g.columns or N % 16 or K % 32 or kernels_in_use().get("grouped") != "vnni":
+    kernel = kernels_in_use().get("grouped")
+    if g.columns or N % 16 or K % 32 or kernel not in ("vnni", "avx2-columns"):
+        return g
+    if kernel == "avx2-columns" and not (g.six_bit_packable or g.four_bit_superblocks):
         return g
     return g.in_columns(g.six_bit_packable)
 
