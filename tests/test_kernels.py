@@ -130,7 +130,7 @@ def laid_for(name: str, grouped, packed: bool = False):
 
 @contextmanager
 def grouped_kernel(name: str):
-    """avx2, vnni, or vnni+amx: VNNI with its full 16-row chunks on AMX-INT8 tiles."""
+    """avx2, vnni, avx2-columns, or vnni+amx: VNNI with its full 16-row chunks on AMX-INT8 tiles."""
     with kernel(GROUPED, name.split("+")[0]), kernel(GROUPED_WIDE, "amx" if name.endswith("+amx") else "vnni"):
         yield
 

@@ -76,8 +76,8 @@ def _bf16_pass(lib: ctypes.CDLL, kernel: str) -> Callable[[int], float]:
 
 def _grouped_pass(lib: ctypes.CDLL, kernel: str) -> Callable[[int], float]:
     """Seconds of M rows through 96 MB of 4-bit weights in Q4_K's layout (two levels of scales,
-    offsets; Qwen2.5-Coder's bulk), row-major for "avx2", in the columns layout for "vnni" (the
-    bytes are all alike: the same tensors serve as either)."""
+    offsets; Qwen2.5-Coder's bulk), row-major for "avx2", in the columns layout for "vnni" and
+    "avx2-columns" (the bytes are all alike: the same tensors serve as either)."""
     import torch
 
     N, K, G = 4096, 4096, 32
