@@ -1637,14 +1637,13 @@ inline void store_halves(const __m256 (&acc)[H][R], const float* bias, Y* y, int
 // a half at a time, the second reading what the first brought into the caches (both halves' sums for more rows
 // spill). Measured as below, one process, 5 rounds: 1 / 2 rows 50.8 / 54.0 -> 39.1 / 41.8 ms with both halves; 3-8
 // rows slower with both (8 rows 135 -> 165). 4-bit values' 2-3 rows: avx2_nib_rows.
-template <int G, bool NIB, int S, int R, int H, class Y, bool SIX>
-inline void avx2_super_rows(const QuantizedRows& xr, const int32_t* xpair, const uint8_t* wb, const GroupScales& gs,
-                            const float* bias, Y* y, int64_t ldy, int64_t m0, int64_t blk, int h0, int64_t K) {
-    constexpr int GS = S / G, P = G / 4;
-    constexpr int64_t GB = group_bytes<G, NIB, SIX>();
-    const int64_t KG = K / G, KS = K / S;
-    const int8_t* scale = static_cast<const int8_t*>(gs.scale) + blk * KG * 16;
-    const int8_t* offset = static_cast<const int8_t*>(gs.offset) + blk * KG * 16;
+// The superblocks of R rows from m0, H halves from h0, of block blk: each superblock's int32 dots summed
+// over its groups by group_dots(g, dots), then its float steps; the rows' results stored at the end
+template <int GS, int R, int H, class Y, class GroupDots>
+__attribute__((always_inline)) inline void avx2_superblocks(const QuantizedRows& xr, const int32_t* xpair,
+                                                             const GroupScales& gs, const int8_t* offset, const float* bias,
+                                                             Y* y, int64_t ldy, int64_t m0, int64_t blk, int h0,
+                                                             int64_t KG, int64_t KS, GroupDots group_dots) {
     __m256 acc[H][R];
     for (int h = 0; h < H; ++h)
         for (int j = 0; j < R; ++j) acc[h][j] = _mm256_setzero_ps();
@@ -1652,22 +1651,33 @@ inline void avx2_super_rows(const QuantizedRows& xr, const int32_t* xpair, const
         __m256i dots[H][R];
         for (int h = 0; h < H; ++h)
             for (int j = 0; j < R; ++j) dots[h][j] = _mm256_setzero_si256();
-        for (int gi = 0; gi < GS; ++gi) {
-            const int64_t g = s * GS + gi;
-            const uint8_t* wg = wb + g * GB * 16;
-            if (h0 == 0)  // a second call for the other half reads the lines this one brought in
-                for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
-            for (int h = 0; h < H; ++h) {
-                __m256i col[P];
-                half_runs<G, NIB, SIX>(wg + 32 * (h0 + h), col);
-                const __m256i sc = int16_pairs(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + g * 16 + 8 * (h0 + h)))));
-                for (int j = 0; j < R; ++j)
-                    dots[h][j] = _mm256_add_epi32(dots[h][j], half_dot<G, NIB>(col, xr.q.data() + (m0 + j) * K + g * G, sc));
-            }
-        }
+        for (int gi = 0; gi < GS; ++gi) group_dots(s * GS + gi, dots);
         super_steps<GS, R, H>(xr, xpair, gs, offset, dots, acc, m0, blk, s, h0, KG, KS);
     }
     store_halves<R, H>(acc, bias, y, ldy, m0, blk, h0);
+}
+
+template <int G, bool NIB, int S, int R, int H, class Y, bool SIX>
+inline void avx2_super_rows(const QuantizedRows& xr, const int32_t* xpair, const uint8_t* wb, const GroupScales& gs,
+                            const float* bias, Y* y, int64_t ldy, int64_t m0, int64_t blk, int h0, int64_t K) {
+    constexpr int P = G / 4;
+    constexpr int64_t GB = group_bytes<G, NIB, SIX>();
+    const int64_t KG = K / G;
+    const int8_t* scale = static_cast<const int8_t*>(gs.scale) + blk * KG * 16;
+    const auto group_dots = [&](int64_t g, __m256i (&dots)[H][R]) __attribute__((always_inline)) {
+        const uint8_t* wg = wb + g * GB * 16;
+        if (h0 == 0)  // a second call for the other half reads the lines this one brought in
+            for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
+        for (int h = 0; h < H; ++h) {
+            __m256i col[P];
+            half_runs<G, NIB, SIX>(wg + 32 * (h0 + h), col);
+            const __m256i sc = int16_pairs(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + g * 16 + 8 * (h0 + h)))));
+            for (int j = 0; j < R; ++j)
+                dots[h][j] = _mm256_add_epi32(dots[h][j], half_dot<G, NIB>(col, xr.q.data() + (m0 + j) * K + g * G, sc));
+        }
+    };
+    avx2_superblocks<S / G, R, H>(xr, xpair, gs, static_cast<const int8_t*>(gs.offset) + blk * KG * 16, bias, y, ldy,
+                                  m0, blk, h0, KG, K / S, group_dots);
 }
 
 // 2-3 rows of both halves of block blk, 4-bit values (G = 32), the rows inner: each of a group's four
@@ -1682,48 +1692,38 @@ inline void avx2_super_rows(const QuantizedRows& xr, const int32_t* xpair, const
 template <int S, int R, class Y>
 inline void avx2_nib_rows(const QuantizedRows& xr, const int32_t* xpair, const uint8_t* wb, const GroupScales& gs,
                           const float* bias, Y* y, int64_t ldy, int64_t blk, int64_t K) {
-    constexpr int G = 32, GS = S / G, H = 2;
+    constexpr int G = 32, H = 2;
     constexpr int64_t GB = group_bytes<G, true, false>();
-    const int64_t KG = K / G, KS = K / S;
+    const int64_t KG = K / G;
     const int8_t* scale = static_cast<const int8_t*>(gs.scale) + blk * KG * 16;
-    const int8_t* offset = static_cast<const int8_t*>(gs.offset) + blk * KG * 16;
     const __m256i low = _mm256_set1_epi8(0x0F);
-    __m256 acc[H][R];
-    for (int h = 0; h < H; ++h)
-        for (int j = 0; j < R; ++j) acc[h][j] = _mm256_setzero_ps();
-    for (int64_t s = 0; s < KS; ++s) {
-        __m256i dots[H][R];
-        for (int h = 0; h < H; ++h)
-            for (int j = 0; j < R; ++j) dots[h][j] = _mm256_setzero_si256();
-        for (int gi = 0; gi < GS; ++gi) {
-            const int64_t g = s * GS + gi;
-            const uint8_t* wg = wb + g * GB * 16;
-            for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
-            __m256i sums[H][R];
-            for (int q = 0; q < 4; ++q) {  // run q: steps q (low nibbles) and q + 4 (high)
-                __m256i lo[H], hi[H];
-                for (int h = 0; h < H; ++h) {
-                    const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 32 * h + 64 * q));
-                    lo[h] = _mm256_and_si256(t, low);
-                    hi[h] = _mm256_and_si256(_mm256_srli_epi16(t, 4), low);
-                }
-                for (int j = 0; j < R; ++j) {
-                    const int8_t* xg = xr.q.data() + j * K + g * G;
-                    const __m256i xlo = broadcast4(xg + 4 * q), xhi = broadcast4(xg + 4 * q + 16);
-                    for (int h = 0; h < H; ++h) {
-                        const __m256i two = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], xlo), _mm256_maddubs_epi16(hi[h], xhi));
-                        sums[h][j] = q == 0 ? two : _mm256_add_epi16(sums[h][j], two);
-                    }
-                }
-            }
+    const auto group_dots = [&](int64_t g, __m256i (&dots)[H][R]) __attribute__((always_inline)) {
+        const uint8_t* wg = wb + g * GB * 16;
+        for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
+        __m256i sums[H][R];
+        for (int q = 0; q < 4; ++q) {  // run q: steps q (low nibbles) and q + 4 (high)
+            __m256i lo[H], hi[H];
             for (int h = 0; h < H; ++h) {
-                const __m256i sc = int16_pairs(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + g * 16 + 8 * h))));
-                for (int j = 0; j < R; ++j) dots[h][j] = _mm256_add_epi32(dots[h][j], _mm256_madd_epi16(sums[h][j], sc));
+                const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 32 * h + 64 * q));
+                lo[h] = _mm256_and_si256(t, low);
+                hi[h] = _mm256_and_si256(_mm256_srli_epi16(t, 4), low);
+            }
+            for (int j = 0; j < R; ++j) {
+                const int8_t* xg = xr.q.data() + j * K + g * G;
+                const __m256i xlo = broadcast4(xg + 4 * q), xhi = broadcast4(xg + 4 * q + 16);
+                for (int h = 0; h < H; ++h) {
+                    const __m256i two = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], xlo), _mm256_maddubs_epi16(hi[h], xhi));
+                    sums[h][j] = q == 0 ? two : _mm256_add_epi16(sums[h][j], two);
+                }
             }
         }
-        super_steps<GS, R, H>(xr, xpair, gs, offset, dots, acc, 0, blk, s, 0, KG, KS);
-    }
-    store_halves<R, H>(acc, bias, y, ldy, 0, blk, 0);
+        for (int h = 0; h < H; ++h) {
+            const __m256i sc = int16_pairs(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + g * 16 + 8 * h))));
+            for (int j = 0; j < R; ++j) dots[h][j] = _mm256_add_epi32(dots[h][j], _mm256_madd_epi16(sums[h][j], sc));
+        }
+    };
+    avx2_superblocks<S / G, R, H>(xr, xpair, gs, static_cast<const int8_t*>(gs.offset) + blk * KG * 16, bias, y, ldy,
+                                  0, blk, 0, KG, K / S, group_dots);
 }
 
 // Columns [0, N) (N % 16 == 0) of y, x quantized by superblocks of S (xr: q [M, K], d [M, K / S], pairs)
