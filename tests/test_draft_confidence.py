@@ -52,6 +52,30 @@ def test_a_draft_stops_once_its_confidence_falls_below_the_floor(draft_model):
     assert plain.tokens == whole.tokens and plain.confidences is None
 
 
+def test_a_floor_of_one_drafts_without_guess_rows(draft_model):
+    """A floor of 1 ends the chain at its first draft short of certain: prompt lookup's guesses, which
+    the draft checks in the rows after its own (Guesser), would be rows computed for nothing."""
+    context = [3, 5, 7, 3, 5, 7, 3, 5]  # repeats: the guesser has guesses to offer
+    greedy = SamplingParams(temperature=0.0)
+
+    def drafting_widths(floor):
+        proposer = DraftModelProposer(NativeRunner(draft_model))
+        proposer.reset(context)
+        widths = []
+        extend = proposer.runner.extend
+
+        def counted(tokens, *args, want_logits=True, **kwargs):
+            if want_logits:  # a drafting pass (the prompt's read asks for none)
+                widths.append(len(tokens))
+            return extend(tokens, *args, want_logits=want_logits, **kwargs)
+        proposer.runner.extend = counted
+        return proposer.propose(context, 6, greedy, None, floor=floor).tokens, widths
+
+    first, widths = drafting_widths(1.0)
+    assert widths == [1] * len(first)
+    assert max(drafting_widths(0.0)[1]) > 1  # below 1 the guesses ride along
+
+
 def test_a_stopping_controller_hands_the_whole_cap_and_prices_one_more_draft():
     c = DraftLengthController(max_k=8, stops_at_floor=True)
     assert c.confidence_floor() == 0.0  # no costs yet: no stop
