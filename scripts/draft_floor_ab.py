@@ -4,12 +4,17 @@ of the `draft` method taking turns prompt by prompt at one temperature, 128 toke
 request paying its prompt (no prefix reuse, no controller memory). Variants: `off` (the K the
 controller picks, no stop: before stop 73), `learned` (the floor, its calibration learned: the
 default), a number g (the floor with the calibration's exponent fixed at g), `no-guess` (the floor,
-without a draft's prompt-lookup guesses, prompt_lookup.Guesser). Decoding tokens/s
-after the prefill, summed over the prompts, and the drafts a step.
+without a draft's prompt-lookup guesses, prompt_lookup.Guesser), `file:PATH` (the default, its
+proposer's `propose` from another copy of spec/proposers/draft_model.py: an older version). Decoding
+tokens/s after the prefill, summed over the prompts, and the drafts a step.
 
     python scripts/draft_floor_ab.py qwen-coder code 3 0 off,learned,0.5 [repeats]
+    git show HEAD~1:specdec/spec/proposers/draft_model.py > /tmp/old.py
+    python scripts/draft_floor_ab.py qwen-coder code 3 0 file:/tmp/old.py,learned 3
 """
+import importlib.util
 import sys
+import types
 
 import torch
 
@@ -36,6 +41,12 @@ def decoder_for(target: str, variant: str):
         decoder.engine.proposer.stops_at_floor = False  # read when the engine makes its controllers
     elif variant == "no-guess":  # the floor, without the greedy draft's prompt-lookup guesses
         decoder.engine.proposer.ahead = False
+    elif variant.startswith("file:"):
+        spec = importlib.util.spec_from_file_location("other_draft_model", variant[len("file:"):])
+        other = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(other)
+        proposer = decoder.engine.proposer
+        proposer.propose = types.MethodType(other.DraftModelProposer.propose, proposer)
     elif variant != "learned":
         bank = decoder.engine.controllers
 
