@@ -1596,49 +1596,15 @@ inline __m256i int16_pairs(__m128i v) {  // 8 int16 -> each twice: v0 v0 v1 v1 .
     return _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
 }
 
-// A superblock's float steps for R rows of H halves from h0 (VNNI's, in its order): each row's group
-// dots times the superblock scales and the row's step, then its offsets (int16 pairs of two groups' each,
-// against the row's sums of 32 inputs) times the superblock offsets and the step
-template <int GS, int R, int H>
-inline void super_steps(const QuantizedRows& xr, const int32_t* xpair, const GroupScales& gs, const int8_t* offset,
-                        const __m256i (&dots)[H][R], __m256 (&acc)[H][R], int64_t m0, int64_t blk, int64_t s, int h0,
-                        int64_t KG, int64_t KS) {
-    for (int h = 0; h < H; ++h) {
-        const int64_t at = (blk * KS + s) * 16 + 8 * (h0 + h);
-        const __m256 f = _mm256_loadu_ps(gs.scale_super + at), o = _mm256_loadu_ps(gs.offset_super + at);
-        __m256i pairs[GS / 2];  // groups 2i and 2i + 1: each output's two offsets as an int16 pair
-        for (int i = 0; i < GS / 2; ++i) {
-            const int8_t* oi = offset + (s * GS + 2 * i) * 16 + 8 * (h0 + h);
-            pairs[i] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(oi)),
-                                                              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(oi + 16))));
-        }
-        for (int j = 0; j < R; ++j) {
-            const int32_t* xp = xpair + (m0 + j) * (KG / 2) + s * GS / 2;
-            __m256i offs = _mm256_setzero_si256();
-            for (int i = 0; i < GS / 2; ++i) offs = _mm256_add_epi32(offs, _mm256_madd_epi16(pairs[i], _mm256_set1_epi32(xp[i])));
-            const __m256 dx = _mm256_set1_ps(xr.d[(m0 + j) * KS + s]);
-            acc[h][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[h][j]), _mm256_mul_ps(f, dx), acc[h][j]);
-            acc[h][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(offs), _mm256_mul_ps(o, dx), acc[h][j]);
-        }
-    }
-}
-
-template <int R, int H, class Y>
-inline void store_halves(const __m256 (&acc)[H][R], const float* bias, Y* y, int64_t ldy, int64_t m0, int64_t blk, int h0) {
-    for (int h = 0; h < H; ++h) {
-        const int64_t n0 = blk * 16 + 8 * (h0 + h);
-        for (int j = 0; j < R; ++j)
-            store8(y + (m0 + j) * ldy + n0, bias ? _mm256_add_ps(acc[h][j], _mm256_loadu_ps(bias + n0)) : acc[h][j]);
-    }
-}
-
 // R rows from m0 of H halves from h0 (outputs blk * 16 + 8 * h0 .. + 8 * H) of block blk. One or two rows take
 // both halves in one pass over the block's groups (each 64-byte line read whole while it is in flight); more rows
 // a half at a time, the second reading what the first brought into the caches (both halves' sums for more rows
 // spill). Measured as below, one process, 5 rounds: 1 / 2 rows 50.8 / 54.0 -> 39.1 / 41.8 ms with both halves; 3-8
 // rows slower with both (8 rows 135 -> 165). 4-bit values' 2-3 rows: avx2_nib_rows.
 // The superblocks of R rows from m0, H halves from h0, of block blk: each superblock's int32 dots summed
-// over its groups by group_dots(g, dots), then its float steps; the rows' results stored at the end
+// over its groups by group_dots(g, dots), then VNNI's float steps in its order (the dots times the superblock
+// scales and the row's step, then the offsets, int16 pairs of two groups' each against the row's sums of 32
+// inputs, times the superblock offsets and the step); the rows' results stored at the end
 template <int GS, int R, int H, class Y, class GroupDots>
 __attribute__((always_inline)) inline void avx2_superblocks(const QuantizedRows& xr, const int32_t* xpair,
                                                              const GroupScales& gs, const int8_t* offset, const float* bias,
@@ -1652,9 +1618,30 @@ __attribute__((always_inline)) inline void avx2_superblocks(const QuantizedRows&
         for (int h = 0; h < H; ++h)
             for (int j = 0; j < R; ++j) dots[h][j] = _mm256_setzero_si256();
         for (int gi = 0; gi < GS; ++gi) group_dots(s * GS + gi, dots);
-        super_steps<GS, R, H>(xr, xpair, gs, offset, dots, acc, m0, blk, s, h0, KG, KS);
+        for (int h = 0; h < H; ++h) {
+            const int64_t at = (blk * KS + s) * 16 + 8 * (h0 + h);
+            const __m256 f = _mm256_loadu_ps(gs.scale_super + at), o = _mm256_loadu_ps(gs.offset_super + at);
+            __m256i pairs[GS / 2];  // groups 2i and 2i + 1: each output's two offsets as an int16 pair
+            for (int i = 0; i < GS / 2; ++i) {
+                const int8_t* oi = offset + (s * GS + 2 * i) * 16 + 8 * (h0 + h);
+                pairs[i] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(oi)),
+                                                                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(oi + 16))));
+            }
+            for (int j = 0; j < R; ++j) {
+                const int32_t* xp = xpair + (m0 + j) * (KG / 2) + s * GS / 2;
+                __m256i offs = _mm256_setzero_si256();
+                for (int i = 0; i < GS / 2; ++i) offs = _mm256_add_epi32(offs, _mm256_madd_epi16(pairs[i], _mm256_set1_epi32(xp[i])));
+                const __m256 dx = _mm256_set1_ps(xr.d[(m0 + j) * KS + s]);
+                acc[h][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[h][j]), _mm256_mul_ps(f, dx), acc[h][j]);
+                acc[h][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(offs), _mm256_mul_ps(o, dx), acc[h][j]);
+            }
+        }
     }
-    store_halves<R, H>(acc, bias, y, ldy, m0, blk, h0);
+    for (int h = 0; h < H; ++h) {
+        const int64_t n0 = blk * 16 + 8 * (h0 + h);
+        for (int j = 0; j < R; ++j)
+            store8(y + (m0 + j) * ldy + n0, bias ? _mm256_add_ps(acc[h][j], _mm256_loadu_ps(bias + n0)) : acc[h][j]);
+    }
 }
 
 template <int G, bool NIB, int S, int R, int H, class Y, bool SIX>
