@@ -1,8 +1,8 @@
 """Two builds of the kernels' layer stack (rows.cpp stack_forward) over the same model in one
 process: ms per pass of 1 / 4 / 8 tokens (or `widths`) after 200 cached (or `cached`: prefilled
 once, each pass rolled back), the runner's LayerStack pointed at each library in turn pass by pass
-(its output head stays on the running build), medians over rounds and the median of the new/old
-ratios of neighbouring passes, so that the VM's bandwidth swings fall on both alike.
+(its output head stays on the running build), `rounds` pairs of passes a width: medians, and the
+median of the new/old ratios of each pair, so that the VM's bandwidth swings fall on both alike.
 First checks that both give the same bits: the logits of a 300-token prefill and of 1-, 4- and
 8-token passes after it. Both libraries get the kernel variants this process chose. Build the
 old one from a checkout (python -c "from specdec.kernels import build;
@@ -33,7 +33,7 @@ def logits(runner, widths: list[int]) -> list[torch.Tensor]:
 
 def main() -> None:
     old_path, target, variant = sys.argv[1:4]
-    rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 5
+    rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 30  # pairs of passes a width
     cached = int(sys.argv[5]) if len(sys.argv) > 5 else 200
     widths = [int(w) for w in sys.argv[6].split(",")] if len(sys.argv) > 6 else [1, 4, 8]
     torch.set_num_threads(2)
@@ -63,7 +63,7 @@ def main() -> None:
                 ms.setdefault((name, width), []).append((time.perf_counter() - start) * 1e3)
     for name in ("old", "new"):
         m = {w: statistics.median(ms[(name, w)]) for w in widths}
-        print(f"{name}: " + " ".join(f"T{w} {m[w]:.2f}" for w in widths) + " ms (x of T1: "
+        print(f"{name}: " + " ".join(f"T{w} {m[w]:.2f}" for w in widths) + f" ms (x of T{widths[0]}: "
               + " ".join(f"{m[w] / m[widths[0]]:.2f}" for w in widths[1:]) + ")")
     ratios = {w: statistics.median(n / o for n, o in zip(ms[("new", w)], ms[("old", w)])) for w in widths}
     print("new/old, median of neighbouring passes: " + " ".join(f"T{w} {r:.3f}" for w, r in ratios.items()))
