@@ -88,11 +88,18 @@ def test_generate_fibonacci_looks_like_python(capsys):
     assert lines[1].startswith((" ", "\t"))  # an indented body
 
 
-def test_random_draft_switches_speculation_off(tmp_path):
+def test_random_draft_switches_speculation_off(tmp_path, monkeypatch):
     """A useless draft (random weights, acceptance ~0) must not make decoding much slower: the
-    controller falls back to plain steps (with rare probes)."""
+    controller falls back to plain steps (with rare probes). The steps' timings are replaced by
+    a fixed cost model (the tiny pair's shape: a 2-token pass a few % dearer than a 1-token one,
+    a draft token a fifth of a target pass): measured, a 2-token pass sometimes timed as cheap as
+    a 1-token one, which makes a near-free draft break even at ~5% acceptance (CI once saw 67 of
+    118 steps plain), so what this checks is the acceptance evidence, not the VM's noise."""
+    import dataclasses
+
     from specdec.models import save_native
     from specdec.models.checkpoint import load_native as ln
+    from specdec.spec.control.draft_length import DraftLengthController
 
     draft = ln(DEFAULT_DRAFT)
     torch.manual_seed(0)
@@ -102,13 +109,21 @@ def test_random_draft_switches_speculation_off(tmp_path):
     save_native(draft, tmp_path)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (tmp_path / name).write_bytes((DEFAULT_DRAFT / name).read_bytes())
+    observe = DraftLengthController.observe
+
+    def observe_modelled_costs(self, step):
+        k = step.drafted
+        observe(self, dataclasses.replace(step, target_seconds=0.010 * (1 + 0.05 * k), draft_seconds=0.002 * k,
+                                          sync_seconds=0.0, other_seconds=0.001))
+
+    monkeypatch.setattr(DraftLengthController, "observe", observe_modelled_costs)
     decoder = specdec.load(target=DEFAULT_TARGET, draft=tmp_path, method="draft")
-    stats = decoder.generate(PROMPTS[0], max_new_tokens=128).stats
+    stats = decoder.generate(PROMPTS[0], max_new_tokens=128, ignore_eos=True).stats
     ks = stats.draft_tokens_per_step
-    # usually ~0.98 plain; on this tiny pair a 2-token pass costs within a few % of a 1-token
-    # one, so at ~5% acceptance a noisy timing can make short drafts look break-even (a full
-    # run measured 86/118 plain once): the check is that plain steps dominate
-    assert sum(k == 0 for k in ks[10:]) / len(ks[10:]) > 0.6
+    assert stats.accepted_tokens <= 0.2 * stats.drafted_tokens  # the draft is useless
+    # at ~5% acceptance a drafted step gives 1.05 tokens for ~1.25 plain steps' cost: only the
+    # probes (3 steps each, their gap doubling from 20) draft
+    assert sum(k == 0 for k in ks[10:]) / len(ks[10:]) > 0.8
 
 
 @pytest.fixture(scope="module")

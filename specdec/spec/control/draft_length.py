@@ -255,6 +255,23 @@ class DraftLengthController:
         if self.draft_seconds_per_token is None:
             self.draft_seconds_per_token = draft
 
+    def follow_drift(self, timed: int, factor: float, draft_too: bool) -> None:
+        """Scale the costs of the passes not timed this step by `factor`, the move of the one
+        that was (K = `timed`), and the draft's cost too where it did not run. A VM's speed swings
+        by a third or more between minutes, and a K that does not run would keep the cost it had
+        when it last did: K = 0 while drafting wins, and the K >= 2 whose calibrated costs
+        (measured at load) a drafter that ends its chains at the confidence floor never reaches.
+        Left behind by a slowdown, they made a useless draft look cheap enough to keep running
+        (a random-weights draft at ~5% acceptance drafted 80 of 118 steps: the best K was 2,
+        timed at load, while the drafter stopped at 1, timed every step); left behind by a
+        speed-up, they make plain steps look dearer than they are. Every cost moves, not only
+        stale ones: a move missed while a cost counts as fresh is never made up."""
+        for k in self.target_seconds:
+            if k != timed:
+                self.target_seconds[k] *= factor
+        if draft_too and self.draft_seconds_per_token is not None:
+            self.draft_seconds_per_token *= factor
+
     def observe(self, step: StepRecord) -> None:
         k, target_seconds, overhead_seconds = step.drafted, step.target_seconds, step.other_seconds
         plain = self.step_cost(0) if 0 in self.target_seconds else None
@@ -266,7 +283,10 @@ class DraftLengthController:
             new, drop_old = screen_timing(new, old)
             return new if drop_old else self.time_decay * old + (1 - self.time_decay) * new
 
-        self.target_seconds[k] = ema(self.target_seconds.get(k), target_seconds)
+        before = self.target_seconds.get(k)
+        self.target_seconds[k] = ema(before, target_seconds)
+        if before and target_seconds >= before / 2:  # not an estimate dropped as inflated (screen_timing)
+            self.follow_drift(k, self.target_seconds[k] / before, draft_too=k == 0)
         self.overhead_seconds[k > 0] = ema(self.overhead_seconds.get(k > 0), overhead_seconds)
         if k > 0:
             # forget other K's timings once stale (e.g. one cold first pass), so the cost line
