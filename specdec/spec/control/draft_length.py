@@ -71,6 +71,9 @@ class DraftLengthController:
     stale_after: int = 32  # a K >= 1 not drafted in this many speculative steps is forgotten
     speculative_steps: int = 0
     last_drafted: dict[int, int] = field(default_factory=dict)  # K -> speculative step it last ran
+    steps_timed: int = 0
+    last_timed: dict[int, int] = field(default_factory=dict)  # K -> step its pass was last timed at
+    fresh_within: int = 8  # steps: a cost timed this lately moves with the machine, not with its own error
     draft_seconds_per_token: float | None = None
     overhead_seconds: dict[bool, float] = field(default_factory=dict)  # keyed by K > 0
     plain_streak: int = 0
@@ -265,7 +268,10 @@ class DraftLengthController:
         (a random-weights draft at ~5% acceptance drafted 80 of 118 steps: the best K was 2,
         timed at load, while the drafter stopped at 1, timed every step); left behind by a
         speed-up, they make plain steps look dearer than they are. Every cost moves, not only
-        stale ones: a move missed while a cost counts as fresh is never made up."""
+        stale ones (a move missed while a cost counts as fresh is never made up); only a move of
+        a cost timed lately (fresh_within) is passed on: a rarely run K's first timing in a
+        while corrects its own estimate (calibrated at load, or left by an early slow pass), not
+        the machine's speed."""
         for k in self.target_seconds:
             if k != timed:
                 self.target_seconds[k] *= factor
@@ -285,7 +291,10 @@ class DraftLengthController:
 
         before = self.target_seconds.get(k)
         self.target_seconds[k] = ema(before, target_seconds)
-        if before and target_seconds >= before / 2:  # not an estimate dropped as inflated (screen_timing)
+        self.steps_timed += 1
+        fresh = self.steps_timed - self.last_timed.get(k, -self.fresh_within) <= self.fresh_within
+        self.last_timed[k] = self.steps_timed
+        if fresh and before and target_seconds >= before / 2:  # not an estimate dropped as inflated
             self.follow_drift(k, self.target_seconds[k] / before, draft_too=k == 0)
         self.overhead_seconds[k > 0] = ema(self.overhead_seconds.get(k > 0), overhead_seconds)
         if k > 0:
