@@ -5,8 +5,7 @@ request paying its prompt (no prefix reuse, no controller memory). Variants: `of
 controller picks, no stop: before stop 73), `learned` (the floor, its calibration learned: the
 default), a number g (the floor with the calibration's exponent fixed at g), `no-guess` (the floor,
 without a draft's prompt-lookup guesses, prompt_lookup.Guesser), `file:PATH` (the default, its
-proposer's `propose` from another copy of spec/proposers/draft_model.py: an older version), `no-drift`
-(the default, its controller's untimed pass costs left where they were: before stop 77). Decoding
+proposer's `propose` from another copy of spec/proposers/draft_model.py: an older version). Decoding
 tokens/s after the prefill, summed over the prompts, and the drafts a step.
 
     python scripts/draft_floor_ab.py qwen-coder code 3 0 off,learned,0.5 [repeats]
@@ -48,15 +47,6 @@ def decoder_for(target: str, variant: str):
         spec.loader.exec_module(other)
         proposer = decoder.engine.proposer
         proposer.propose = types.MethodType(other.DraftModelProposer.propose, proposer)
-    elif variant == "no-drift":
-        bank = decoder.engine.controllers
-
-        def made(new=bank.new):
-            controller = new()
-            controller.follow_drift = lambda *args, **kwargs: None
-            return controller
-
-        bank.new = made
     elif variant != "learned":
         bank = decoder.engine.controllers
 

@@ -90,11 +90,12 @@ def test_generate_fibonacci_looks_like_python(capsys):
 
 def test_random_draft_switches_speculation_off(tmp_path, monkeypatch):
     """A useless draft (random weights, acceptance ~0) must not make decoding much slower: the
-    controller falls back to plain steps (with rare probes). The steps' timings are replaced by
-    a fixed cost model (the tiny pair's shape: a 2-token pass a few % dearer than a 1-token one,
-    a draft token a fifth of a target pass): measured, a 2-token pass sometimes timed as cheap as
-    a 1-token one, which makes a near-free draft break even at ~5% acceptance (CI once saw 67 of
-    118 steps plain), so what this checks is the acceptance evidence, not the VM's noise."""
+    controller falls back to plain steps (with rare probes). The steps are timed by a fixed cost
+    model (the tiny pair's shape: a 2-token pass a few % dearer than a 1-token one, a draft token
+    a fifth of a target pass), not calibrated at load: measured, a 2-token pass sometimes timed as
+    cheap as a 1-token one, which makes a near-free draft break even at ~5% acceptance (CI once
+    saw 67 of 118 steps plain), so what this checks is the controller's reading of the draft's
+    acceptance, not the VM's noise."""
     import dataclasses
 
     from specdec.models import save_native
@@ -117,7 +118,7 @@ def test_random_draft_switches_speculation_off(tmp_path, monkeypatch):
                                           sync_seconds=0.0, other_seconds=0.001))
 
     monkeypatch.setattr(DraftLengthController, "observe", observe_modelled_costs)
-    decoder = specdec.load(target=DEFAULT_TARGET, draft=tmp_path, method="draft")
+    decoder = specdec.load(target=DEFAULT_TARGET, draft=tmp_path, method="draft", calibrate=False, memory=False)
     stats = decoder.generate(PROMPTS[0], max_new_tokens=128, ignore_eos=True).stats
     ks = stats.draft_tokens_per_step
     assert stats.accepted_tokens <= 0.2 * stats.drafted_tokens  # the draft is useless

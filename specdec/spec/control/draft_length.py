@@ -71,9 +71,6 @@ class DraftLengthController:
     stale_after: int = 32  # a K >= 1 not drafted in this many speculative steps is forgotten
     speculative_steps: int = 0
     last_drafted: dict[int, int] = field(default_factory=dict)  # K -> speculative step it last ran
-    steps_timed: int = 0
-    last_timed: dict[int, int] = field(default_factory=dict)  # K -> step its pass was last timed at
-    fresh_within: int = 8  # steps: a cost timed this lately moves with the machine, not with its own error
     draft_seconds_per_token: float | None = None
     overhead_seconds: dict[bool, float] = field(default_factory=dict)  # keyed by K > 0
     plain_streak: int = 0
@@ -258,26 +255,6 @@ class DraftLengthController:
         if self.draft_seconds_per_token is None:
             self.draft_seconds_per_token = draft
 
-    def follow_drift(self, timed: int, factor: float, draft_too: bool) -> None:
-        """Scale the costs of the passes not timed this step by `factor`, the move of the one
-        that was (K = `timed`), and the draft's cost too where it did not run. A VM's speed swings
-        by a third or more between minutes, and a K that does not run would keep the cost it had
-        when it last did: K = 0 while drafting wins, and the K >= 2 whose calibrated costs
-        (measured at load) a drafter that ends its chains at the confidence floor never reaches.
-        Left behind by a slowdown, they made a useless draft look cheap enough to keep running
-        (a random-weights draft at ~5% acceptance drafted 80 of 118 steps: the best K was 2,
-        timed at load, while the drafter stopped at 1, timed every step); left behind by a
-        speed-up, they make plain steps look dearer than they are. Every cost moves, not only
-        stale ones (a move missed while a cost counts as fresh is never made up); only a move of
-        a cost timed lately (fresh_within) is passed on: a rarely run K's first timing in a
-        while corrects its own estimate (calibrated at load, or left by an early slow pass), not
-        the machine's speed."""
-        for k in self.target_seconds:
-            if k != timed:
-                self.target_seconds[k] *= factor
-        if draft_too and self.draft_seconds_per_token is not None:
-            self.draft_seconds_per_token *= factor
-
     def observe(self, step: StepRecord) -> None:
         k, target_seconds, overhead_seconds = step.drafted, step.target_seconds, step.other_seconds
         plain = self.step_cost(0) if 0 in self.target_seconds else None
@@ -289,13 +266,7 @@ class DraftLengthController:
             new, drop_old = screen_timing(new, old)
             return new if drop_old else self.time_decay * old + (1 - self.time_decay) * new
 
-        before = self.target_seconds.get(k)
-        self.target_seconds[k] = ema(before, target_seconds)
-        self.steps_timed += 1
-        fresh = self.steps_timed - self.last_timed.get(k, -self.fresh_within) <= self.fresh_within
-        self.last_timed[k] = self.steps_timed
-        if fresh and before and target_seconds >= before / 2:  # not an estimate dropped as inflated
-            self.follow_drift(k, self.target_seconds[k] / before, draft_too=k == 0)
+        self.target_seconds[k] = ema(self.target_seconds.get(k), target_seconds)
         self.overhead_seconds[k > 0] = ema(self.overhead_seconds.get(k > 0), overhead_seconds)
         if k > 0:
             # forget other K's timings once stale (e.g. one cold first pass), so the cost line
