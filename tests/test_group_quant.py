@@ -8,9 +8,9 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 import specdec
-from specdec.models.gguf_blocks import four_bit
 from specdec.models.group_quant import q8_0
 from specdec.models.grouped import GroupedLinear
+from specdec.models.grouped_weights import four_bit
 from specdec.models.quant import QuantizedLinear
 
 from helpers import make_model_dir

@@ -94,7 +94,7 @@ def test_bfloat16_inputs_are_float32_accurate_and_row_invariant_on_each_kernel(n
 def _grouped(layout: str, N: int, K: int, g: torch.Generator):
     """Random weights in one of the layouts models/gguf_blocks.py unpacks GGUF's formats to."""
     from specdec.kernels.invariant import super_width
-    from specdec.models.gguf_blocks import Grouped
+    from specdec.models.grouped_weights import Grouped
 
     def ints(G):  # the whole int8 range: the AMX kernel splits the K-quants' scales in parts (rows.cpp)
         return torch.randint(-128, 128, (N, K // G), generator=g, dtype=torch.int8)
@@ -120,7 +120,7 @@ def _grouped(layout: str, N: int, K: int, g: torch.Generator):
 
 
 def laid_for(name: str, grouped, packed: bool = False):
-    """grouped in the layout a kernel reads, as models/gguf_blocks.py for_kernels lays it: the columns
+    """grouped in the layout a kernel reads, as models/grouped_weights.py for_kernels lays it: the columns
     layout for VNNI, and for avx2-columns where it reads the format (the K-quants' two levels)."""
     if name.startswith("vnni") or (name == "avx2-columns" and (grouped.six_bit_packable
                                                                 or grouped.four_bit_superblocks)):
@@ -147,7 +147,7 @@ def test_grouped_weights_with_bfloat16_inputs_are_accurate_and_row_invariant_on_
     x = torch.randn(M, K, generator=g).to(torch.bfloat16)
     reference = F.linear(x.double(), grouped.dequantized().double(), bias.double())
 
-    # the layout each kernel reads ("packed": Q6_K's values 6 bits each, gguf_blocks.pack_six)
+    # the layout each kernel reads ("packed": Q6_K's values 6 bits each, grouped_weights.pack_six)
     laid = laid_for(name, grouped, layout.endswith("packed"))
 
     def product(rows):

@@ -940,7 +940,7 @@ void glinear(const void* x, bool x_bf16, const uint8_t* w, const GroupScales& gs
 // (Tried: AMX-INT8 tiles per group over row-major weights: flat in rows but 3x slower than AVX2 at
 // one row, the per-group tile steps' latency and stores; see variants.py.)
 // 1 where this build has the AVX-512 VNNI code and load() chose it; 2: avx2_super_glinear (two-level
-// 4-bit and Q6_K weights; the rest row-major, models/gguf_blocks.py for_kernels)
+// 4-bit and Q6_K weights; the rest row-major, models/grouped_weights.py for_kernels)
 int grouped_columns_kernel = 0;
 
 // The bytes one output's group of G values takes in the columns layout: 4 bits a value (NIB), 6
@@ -2533,7 +2533,7 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
 // invariant kernels above (products, attention). So a row's bits depend on that row and its keys
 // only: exact mode by construction, with none of the ~90 framework calls a layer otherwise costs.
 
-struct Part {  // one GGUF tensor's unpacked blocks (models/gguf_blocks.py Grouped), or a dense weight
+struct Part {  // one GGUF tensor's unpacked blocks (models/grouped_weights.py Grouped), or a dense weight
                // (bits 16: bfloat16 [rows, K] at q; bits 32: float32; no scales)
     const void* q;
     const void* scale;

@@ -1,5 +1,5 @@
 """`--quantize int8` / `int4` on the grouped kernels: a model's float projections rounded once, at
-load, into the layout GGUF blocks are unpacked to (models/gguf_blocks.py Grouped), so that they
+load, into the layout GGUF blocks are unpacked to (models/grouped_weights.py Grouped), so that they
 run on the one-call stack (models/stack.py) like a GGUF's own blocks.
 
 Why: PyTorch's weight-only int8 / int4 CPU kernels (models/quant.py) were slower than the
@@ -12,7 +12,7 @@ costs nothing).
   from zero) and d kept as float16, as llama.cpp's quantizer does, so the weights are the ones
   a Q8_0 GGUF of the same float weights holds.
 - int4: groups of 32 with a scale and an offset (Q4_1's shape), in two levels where K is a
-  multiple of 128 (gguf_blocks.four_bit).
+  multiple of 128 (grouped_weights.four_bit).
 Activations are rounded to 8 bits by blocks of 32 inside the kernel (as llama.cpp's), so outputs
 differ from the float model's by that rounding too; target and verifier share the one model,
 so speculation stays exact with respect to it."""
@@ -22,8 +22,8 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.kernels import build
-from specdec.models.gguf_blocks import Grouped, four_bit
 from specdec.models.grouped import GroupedLinear, grouped_stack
+from specdec.models.grouped_weights import Grouped, four_bit
 from specdec.models.quant import fused_projections, replace_projections
 
 GROUP = 32  # inputs per group: the kernels' group for 4-bit values and Q8_0's block

@@ -23,8 +23,9 @@ from specdec.kernels import build, invariant
 from specdec.models.config import ModelConfig
 from specdec.models.exact import rows_alone
 from specdec.models.gguf import PERMUTED_ARCHITECTURES, GGUFFile, hf_config, unpermute_qk
-from specdec.models.gguf_blocks import FOUR_BIT_FORMATS, GROUPED_FORMATS, Grouped, for_kernels, requantized_4bit, unpack
-from specdec.models.gguf_blocks import four_bit as rounded_4bit
+from specdec.models.gguf_blocks import FOUR_BIT_FORMATS, GROUPED_FORMATS, requantized_4bit, unpack
+from specdec.models.grouped_weights import Grouped, for_kernels
+from specdec.models.grouped_weights import four_bit as rounded_4bit
 from specdec.models.llama import LlamaModel
 from specdec.models.rope import RopeTable, rope_inv_freq
 from specdec.models.stack import MAX_PARTS, LayerStack, kernel_takes
@@ -180,7 +181,7 @@ def _shape(tensor) -> tuple[int, ...]:
 def _grouped(path, tensor, in_4bit: bool = False, rows_per_read: int = 128) -> Grouped:
     """A GGUF tensor's blocks in the grouped layout, unpacked rows_per_read rows at a time (each
     slice's temporaries a few MB, reused from the heap: heap.py); in_4bit: byte-a-value formats
-    rounded to 4 bits (gguf_blocks.four_bit) slice by slice as they are read, so neither the
+    rounded to 4 bits (grouped_weights.four_bit) slice by slice as they are read, so neither the
     file's bytes nor the byte-a-value form is ever held whole (the 0.5B draft's head: ~280 MB)."""
     _check_format(tensor)
     kind, (N, K) = tensor.tensor_type.name, _shape(tensor)

@@ -21,7 +21,7 @@ from torch import nn
 
 from specdec.kernels import build, invariant
 from specdec.kernels.invariant import address
-from specdec.models.gguf_blocks import Grouped
+from specdec.models.grouped_weights import Grouped
 
 MAX_PARTS = 3  # a fused q/k/v
 

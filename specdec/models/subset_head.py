@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specdec.models.gguf_blocks import Grouped
 from specdec.models.grouped import GroupedLinear
+from specdec.models.grouped_weights import Grouped
 
 
 def grouped_rows(g: Grouped, rows: torch.Tensor) -> Grouped:
