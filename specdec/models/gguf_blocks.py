@@ -1,5 +1,5 @@
-"""GGUF's quantized blocks unpacked into one layout the kernels read (kernels/rows.cpp,
-linear_q8g): int8 values q [N, K], and per group of G inputs a float32 scale and, for the
+"""GGUF's quantized blocks unpacked into the one layout the grouped kernels read (Grouped,
+grouped_weights.py): int8 values q [N, K], and per group of G inputs a float32 scale and, for the
 formats that have one, a float32 offset: w = q * scale + offset. Every format below fits it
 exactly (the scale d * sc and the offset -dmin * m are products of a float16 and a 6-bit
 integer, exact in float32), so a weight is the value llama.cpp's own dequantization gives,
