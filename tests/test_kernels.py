@@ -121,9 +121,11 @@ def _grouped(layout: str, N: int, K: int, g: torch.Generator):
 
 def laid_for(name: str, grouped, packed: bool = False):
     """grouped in the layout a kernel reads, as models/grouped_weights.py for_kernels lays it: the columns
-    layout for VNNI, and for avx2-columns where it reads the format (the K-quants' two levels)."""
+    layout for VNNI, and for avx2-columns where it reads the format (4-bit values, Q6_K's, Q8_0's)."""
     if name.startswith("vnni") or (name == "avx2-columns" and (grouped.six_bit_packable
-                                                                or grouped.four_bit_superblocks)):
+                                                                or grouped.four_bit_superblocks
+                                                                or grouped.four_bit_one_level
+                                                                or grouped.signed_bytes)):
         return grouped.in_columns(packed)
     return grouped
 
@@ -187,7 +189,8 @@ def test_the_tiles_rows_in_several_panels_have_vnnis_bits(layout):
 
 
 @needs_kernels
-@pytest.mark.parametrize("layout,K", [("Q4_K", 512), ("Q4_K", 384), ("Q6_K", 512), ("Q6_K packed", 512)])
+@pytest.mark.parametrize("layout,K", [("Q4_K", 512), ("Q4_K", 384), ("Q6_K", 512), ("Q6_K packed", 512),
+                                      ("Q4_1", 96), ("Q4_1", 576), ("Q8_0", 160), ("Q8_0", 576)])
 def test_avx2_columns_give_vnnis_bits(layout, K):
     """The AVX2 kernel on the columns layout computes VNNI's integers and float steps: the same bits
     for every row (where this CPU has VNNI to compare with), and its own at any width."""

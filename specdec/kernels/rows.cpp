@@ -1749,6 +1749,143 @@ void avx2_super_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupSc
     }
 }
 
+// One-level 4-bit weights (a float32 scale and offset a group of 32: Q4_1's shape, `--quantize int4` where K
+// is not a multiple of 128, as SmolLM2's 576) on the columns layout with AVX2 alone (grouped kernel 2,
+// "avx2-columns"): a half's group runs unpacked once for the tile's rows, each row's dots with them exact
+// integers (half_dot, scales of one: the group's int16 sums at most 30,480), then vnni_rows's float steps in
+// its order (the dot times scale x dx, then the offset times the row's sum). So each row gets vnni_glinear's
+// bits at any width. Why: the row-major kernel (qtile) pays a conversion, a scale multiply and an FMA per
+// 32 products of an output and row; here once per group, 8 outputs and row.
+template <int R, int H, class Y>
+inline void avx2_group_rows(const QuantizedRows& xr, const uint8_t* wb, const GroupScales& gs, const float* bias,
+                            Y* y, int64_t ldy, int64_t m0, int64_t blk, int h0, int64_t K) {
+    constexpr int G = 32, P = G / 4;
+    constexpr int64_t GB = group_bytes<G, true, false>();
+    const int64_t KG = K / G;
+    const float* scale = static_cast<const float*>(gs.scale) + blk * KG * 16;
+    const float* offset = static_cast<const float*>(gs.offset) + blk * KG * 16;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[H][R];
+    for (int h = 0; h < H; ++h)
+        for (int j = 0; j < R; ++j) acc[h][j] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < KG; ++g) {
+        const uint8_t* wg = wb + g * GB * 16;
+        if (h0 == 0)  // a second call for the other half reads the lines this one brought in
+            for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
+        for (int h = 0; h < H; ++h) {
+            __m256i col[P];
+            half_runs<G, true, false>(wg + 32 * (h0 + h), col);
+            const __m256 f = _mm256_loadu_ps(scale + g * 16 + 8 * (h0 + h));
+            const __m256 o = _mm256_loadu_ps(offset + g * 16 + 8 * (h0 + h));
+            for (int j = 0; j < R; ++j) {
+                const int64_t m = m0 + j;
+                const __m256i dot = half_dot<G, true>(col, xr.q.data() + m * K + g * G, ones);
+                acc[h][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(f, _mm256_set1_ps(xr.d[m * KG + g])),
+                                            acc[h][j]);
+                acc[h][j] = _mm256_fmadd_ps(o, _mm256_set1_ps(xr.sums[m * KG + g]), acc[h][j]);
+            }
+        }
+    }
+    for (int h = 0; h < H; ++h) {
+        const int64_t n0 = blk * 16 + 8 * (h0 + h);
+        for (int j = 0; j < R; ++j)
+            store8(y + (m0 + j) * ldy + n0, bias ? _mm256_add_ps(acc[h][j], _mm256_loadu_ps(bias + n0)) : acc[h][j]);
+    }
+}
+
+// Q8_0's signed weights the same way: a step's products as |w| (VPMADDUBSW's unsigned operand, each run's
+// taken once for the tile's rows) times x carrying w's sign (VPSIGNB), a pair of them within int16 (2 x 128 x
+// 127), so each step's pairs go to int32 at once; the same exact integers as VNNI's shifted dots, then its
+// float steps (no offsets)
+template <int R, class Y>
+inline void avx2_signed_rows(const QuantizedRows& xr, const uint8_t* wb, const GroupScales& gs, const float* bias,
+                             Y* y, int64_t ldy, int64_t m0, int64_t blk, int h, int64_t K) {
+    constexpr int G = 32, P = G / 4;
+    const int64_t KG = K / G;
+    const float* scale = static_cast<const float*>(gs.scale) + blk * KG * 16;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[R];
+    for (int j = 0; j < R; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < KG; ++g) {
+        const uint8_t* wg = wb + g * G * 16;
+        if (h == 0)  // the second half reads the lines the first brought in
+            for (int k = 0; k < G / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
+        const auto run = [&](int p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 32 * h + 64 * p)); };
+        __m256i magnitude[P];
+        for (int p = 0; p < P; ++p) magnitude[p] = _mm256_abs_epi8(run(p));
+        const __m256 f = _mm256_loadu_ps(scale + g * 16 + 8 * h);
+        for (int j = 0; j < R; ++j) {
+            const int64_t m = m0 + j;
+            const int8_t* xg = xr.q.data() + m * K + g * G;
+            __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+            for (int p = 0; p < P; p += 2) {
+                even = _mm256_add_epi32(even, _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(magnitude[p], _mm256_sign_epi8(broadcast4(xg + 4 * p), run(p))), ones));
+                odd = _mm256_add_epi32(odd, _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(magnitude[p + 1], _mm256_sign_epi8(broadcast4(xg + 4 * p + 4), run(p + 1))), ones));
+            }
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(even, odd)),
+                                     _mm256_mul_ps(f, _mm256_set1_ps(xr.d[m * KG + g])), acc[j]);
+        }
+    }
+    const int64_t n0 = blk * 16 + 8 * h;
+    for (int j = 0; j < R; ++j)
+        store8(y + (m0 + j) * ldy + n0, bias ? _mm256_add_ps(acc[j], _mm256_loadu_ps(bias + n0)) : acc[j]);
+}
+
+template <class Y>
+void avx2_signed_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs, const float* bias, Y* y,
+                         int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    const int64_t ldw = K, blocks = N / 16;
+    #pragma omp for schedule(static) nowait
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const uint8_t* wb = w + blk * 16 * ldw;
+        for (int h = 0; h < 2; ++h)
+            for (int64_t m0 = 0, r = 0; m0 < M; m0 += r) {
+                r = std::min<int64_t>(M - m0, 8);
+                switch (r) {
+#define SPECDEC_AVX2_SIGNED_ROWS(R) \
+    case R: avx2_signed_rows<R, Y>(xr, wb, gs, bias, y, ldy, m0, blk, h, K); break;
+                    SPECDEC_AVX2_SIGNED_ROWS(1) SPECDEC_AVX2_SIGNED_ROWS(2) SPECDEC_AVX2_SIGNED_ROWS(3)
+                    SPECDEC_AVX2_SIGNED_ROWS(4) SPECDEC_AVX2_SIGNED_ROWS(5) SPECDEC_AVX2_SIGNED_ROWS(6)
+                    SPECDEC_AVX2_SIGNED_ROWS(7) SPECDEC_AVX2_SIGNED_ROWS(8)
+#undef SPECDEC_AVX2_SIGNED_ROWS
+                    default: break;
+                }
+            }
+    }
+}
+
+// Columns [0, N) (N % 16 == 0) of y, x quantized by blocks of 32 (xr: q [M, K], d and sums [M, K / 32]); rows
+// as avx2_super_glinear takes them: one or two with both halves together, more a half at a time in tiles of 8
+template <class Y>
+void avx2_group_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs, const float* bias, Y* y,
+                        int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    const int64_t ldw = K / 32 * group_bytes<32, true, false>(), blocks = N / 16;
+    #pragma omp for schedule(static) nowait
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const uint8_t* wb = w + blk * 16 * ldw;
+        if (M <= 2) {
+            if (M == 1) avx2_group_rows<1, 2, Y>(xr, wb, gs, bias, y, ldy, 0, blk, 0, K);
+            else avx2_group_rows<2, 2, Y>(xr, wb, gs, bias, y, ldy, 0, blk, 0, K);
+            continue;
+        }
+        for (int h = 0; h < 2; ++h)
+            for (int64_t m0 = 0, r = 0; m0 < M; m0 += r) {
+                r = std::min<int64_t>(M - m0, 8);
+                switch (r) {
+#define SPECDEC_AVX2_GROUP_ROWS(R) \
+    case R: avx2_group_rows<R, 1, Y>(xr, wb, gs, bias, y, ldy, m0, blk, h, K); break;
+                    SPECDEC_AVX2_GROUP_ROWS(1) SPECDEC_AVX2_GROUP_ROWS(2) SPECDEC_AVX2_GROUP_ROWS(3)
+                    SPECDEC_AVX2_GROUP_ROWS(4) SPECDEC_AVX2_GROUP_ROWS(5) SPECDEC_AVX2_GROUP_ROWS(6)
+                    SPECDEC_AVX2_GROUP_ROWS(7) SPECDEC_AVX2_GROUP_ROWS(8)
+#undef SPECDEC_AVX2_GROUP_ROWS
+                    default: break;
+                }
+            }
+    }
+}
+
 // glinear() on row-major weights, vnni_glinear() on the columns layout (1 where this build lacks it)
 template <int G, bool NIB, bool SIGNED, bool OFF, int S, class Y>
 int grouped(const void* x, bool x_bf16, const uint8_t* w, bool columns, const GroupScales& gs, const float* bias, Y* y,
@@ -1761,6 +1898,20 @@ int grouped(const void* x, bool x_bf16, const uint8_t* w, bool columns, const Gr
         if (N % 16 == 0 && grouped_columns_kernel == 2) {
             const auto xr = quantize_rows<S>(x, x_bf16, M, K, G, SUM_PAIRS);
             avx2_super_glinear<G, NIB, S>(*xr, w, gs, bias, y, ldy, M, N, K);
+            return 0;
+        }
+    }
+    if constexpr (SIGNED && !OFF && S == 0 && !NIB && G == 32) {
+        if (N % 16 == 0 && grouped_columns_kernel == 2) {
+            const auto xr = quantize_rows<32>(x, x_bf16, M, K, G, 0);
+            avx2_signed_glinear(*xr, w, gs, bias, y, ldy, M, N, K);
+            return 0;
+        }
+    }
+    if constexpr (OFF && S == 0 && NIB && G == 32) {
+        if (N % 16 == 0 && grouped_columns_kernel == 2) {
+            const auto xr = quantize_rows<32>(x, x_bf16, M, K, G, 0);
+            avx2_group_glinear(*xr, w, gs, bias, y, ldy, M, N, K);
             return 0;
         }
     }

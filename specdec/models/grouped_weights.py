@@ -78,6 +78,20 @@ class Grouped:
         return (self.bits == 4 and self.group == 32 and self.scale_super is not None and self.offset is not None
                 and self.offset_super is not None)
 
+    @property
+    def four_bit_one_level(self) -> bool:
+        """Q4_1's shape (and `--quantize int4` where K is not a multiple of 128): 4-bit values in
+        groups of 32, a float32 scale and offset a group."""
+        return (self.bits == 4 and self.group == 32 and self.scale_super is None and self.offset is not None
+                and self.scale.dtype == torch.float32)
+
+    @property
+    def signed_bytes(self) -> bool:
+        """Q8_0's shape (`--quantize int8`): signed values a byte, groups of 32, a float32 scale a
+        group, no offsets."""
+        return (self.bits == 8 and self.group == 32 and self.q.dtype == torch.int8 and self.scale_super is None
+                and self.offset is None)
+
     def in_columns(self, six: bool = False) -> Grouped:
         """A copy in the columns layout rows.cpp's VNNI kernel streams (vnni_glinear): in each
         block of 16 rows, group by group, q's runs of 4 bytes of the 16 rows side by side, and
@@ -135,15 +149,16 @@ class Grouped:
 def for_kernels(g: Grouped) -> Grouped:
     """g in the layout this machine's grouped products read: the columns layout where the kernels
     chose VNNI for them (kernels/variants.py "grouped") and N is a multiple of 16, or chose
-    "avx2-columns" and g is a K-quant's two levels that kernel reads (4-bit values in groups of 32,
-    or Q6_K's); else g. Q6_K's values packed to 6 bits there (a 1-token pass reads 3/4 of their
+    "avx2-columns" and g is a format that kernel reads (4-bit values in groups of 32, one level or
+    a K-quant's two, or Q6_K's); else g. Q6_K's values packed to 6 bits there (a 1-token pass reads 3/4 of their
     bytes: Qwen2.5-Coder-1.5B's output head and half its down projections), AMX tiles' wide
     passes included."""
     N, K = g.shape
     kernel = kernels_in_use().get("grouped")
     if g.columns or N % 16 or K % 32 or kernel not in ("vnni", "avx2-columns"):
         return g
-    if kernel == "avx2-columns" and not (g.six_bit_packable or g.four_bit_superblocks):
+    if kernel == "avx2-columns" and not (g.six_bit_packable or g.four_bit_superblocks or g.four_bit_one_level
+                                        or g.signed_bytes):
         return g
     return g.in_columns(g.six_bit_packable)
 
