@@ -2,9 +2,11 @@
 once per machine by timing them: "bf16", bfloat16 weights and inputs through tile() (AVX2 + FMA),
 AMX tiles (amx_linear) or AVX-512 BF16 dot products (dp_linear); "grouped", GGUF-style grouped
 weights row-major through the AVX2 integer kernels (qtile, ktile), or laid out by columns at load
-(Grouped.in_columns) for AVX-512 VNNI (vnni_glinear), or for AVX2 alone where the weights are a
-K-quant's two levels ("avx2-columns", avx2_super_glinear: VNNI's bits on 8 lanes; on an AVX2-only
-AMD EPYC Zen 3, Qwen2.5-Coder-1.5B's 1- / 8-token passes 61.0 / 209.1 -> 53.1 / 138.8 ms). (Tried
+(Grouped.in_columns) for AVX-512 VNNI (vnni_glinear), or for AVX2 alone where the weights are
+4-bit groups (a K-quant's two levels, or one) or Q8_0's ("avx2-columns", avx2_super_glinear,
+avx2_group_glinear, avx2_signed_glinear: VNNI's bits on 8 lanes; on an AVX2-only AMD EPYC Zen 3,
+Qwen2.5-Coder-1.5B's 1- / 8-token passes 61.0 / 209.1 -> 53.1 / 138.8 ms, SmolLM2's --quantize
+int4 / int8 8-token passes 0.59-0.63x / 0.69-0.83x the time). Timed on Q4_K's shape alone. (Tried
 and not kept: GGUF's blocks dequantized to bfloat16 for AMX, flat in the rows but 9x slower than
 the 8-bit integer kernel at one row on Qwen2.5-Coder-1.5B; AMX-INT8 tiles a group at a time, flat
 but 3x slower than AVX2 at one row: 16 vs 5.4 ms over 96 MB of Q4_K-layout weights.)
