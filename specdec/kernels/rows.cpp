@@ -1596,6 +1596,53 @@ inline __m256i int16_pairs(__m128i v) {  // 8 int16 -> each twice: v0 v0 v1 v1 .
     return _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
 }
 
+// A tile's sums plus bias into y, rounded once: rows m0 .. m0 + R - 1, halves h0 .. h0 + H - 1 of block blk
+template <int H, int R, class Y>
+__attribute__((always_inline)) inline void store_halves(const __m256 (&acc)[H][R], const float* bias, Y* y, int64_t ldy,
+                                                        int64_t m0, int64_t blk, int h0) {
+    for (int h = 0; h < H; ++h) {
+        const int64_t n0 = blk * 16 + 8 * (h0 + h);
+        for (int j = 0; j < R; ++j)
+            store8(y + (m0 + j) * ldy + n0, bias ? _mm256_add_ps(acc[h][j], _mm256_loadu_ps(bias + n0)) : acc[h][j]);
+    }
+}
+
+// Group g's 4-bit products for rows 0 .. R - 1 and both halves of a block (wg: the group's runs), the rows
+// inner: each of the four 32-byte runs of a half holds two steps (low and high nibbles), unpacked once and met
+// by every row's broadcasts (shared by the halves), each row's sum of the group's eight steps in int16 (at
+// most 30,480)
+template <int R>
+__attribute__((always_inline)) inline void nib_group_sums(const uint8_t* wg, const int8_t* xq, int64_t K, int64_t g,
+                                                          __m256i (&sums)[2][R]) {
+    constexpr int G = 32, H = 2;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int q = 0; q < 4; ++q) {  // run q: steps q (low nibbles) and q + 4 (high)
+        __m256i lo[H], hi[H];
+        for (int h = 0; h < H; ++h) {
+            const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 32 * h + 64 * q));
+            lo[h] = _mm256_and_si256(t, low);
+            hi[h] = _mm256_and_si256(_mm256_srli_epi16(t, 4), low);
+        }
+        for (int j = 0; j < R; ++j) {
+            const int8_t* xg = xq + j * K + g * G;
+            const __m256i xlo = broadcast4(xg + 4 * q), xhi = broadcast4(xg + 4 * q + 16);
+            for (int h = 0; h < H; ++h) {
+                const __m256i two = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], xlo), _mm256_maddubs_epi16(hi[h], xhi));
+                sums[h][j] = q == 0 ? two : _mm256_add_epi16(sums[h][j], two);
+            }
+        }
+    }
+}
+
+// One group's float32 steps for a row's 8 outputs, vnni_rows's (group_step) on 8 lanes: the dot times scale x
+// dx, then (OFF) the offset times the row's sum
+template <bool OFF>
+__attribute__((always_inline)) inline __m256 group_step8(__m256 acc, __m256i dot, __m256 f, __m256 o, float d, float xsum) {
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(f, _mm256_set1_ps(d)), acc);
+    if constexpr (OFF) acc = _mm256_fmadd_ps(o, _mm256_set1_ps(xsum), acc);
+    return acc;
+}
+
 // R rows from m0 of H halves from h0 (outputs blk * 16 + 8 * h0 .. + 8 * H) of block blk. One or two rows take
 // both halves in one pass over the block's groups (each 64-byte line read whole while it is in flight); more rows
 // a half at a time, the second reading what the first brought into the caches (both halves' sums for more rows
@@ -1637,11 +1684,7 @@ __attribute__((always_inline)) inline void avx2_superblocks(const QuantizedRows&
             }
         }
     }
-    for (int h = 0; h < H; ++h) {
-        const int64_t n0 = blk * 16 + 8 * (h0 + h);
-        for (int j = 0; j < R; ++j)
-            store8(y + (m0 + j) * ldy + n0, bias ? _mm256_add_ps(acc[h][j], _mm256_loadu_ps(bias + n0)) : acc[h][j]);
-    }
+    store_halves(acc, bias, y, ldy, m0, blk, h0);
 }
 
 template <int G, bool NIB, int S, int R, int H, class Y, bool SIX>
@@ -1683,27 +1726,11 @@ inline void avx2_nib_rows(const QuantizedRows& xr, const int32_t* xpair, const u
     constexpr int64_t GB = group_bytes<G, true, false>();
     const int64_t KG = K / G;
     const int8_t* scale = static_cast<const int8_t*>(gs.scale) + blk * KG * 16;
-    const __m256i low = _mm256_set1_epi8(0x0F);
     const auto group_dots = [&](int64_t g, __m256i (&dots)[H][R]) __attribute__((always_inline)) {
         const uint8_t* wg = wb + g * GB * 16;
         for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
         __m256i sums[H][R];
-        for (int q = 0; q < 4; ++q) {  // run q: steps q (low nibbles) and q + 4 (high)
-            __m256i lo[H], hi[H];
-            for (int h = 0; h < H; ++h) {
-                const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 32 * h + 64 * q));
-                lo[h] = _mm256_and_si256(t, low);
-                hi[h] = _mm256_and_si256(_mm256_srli_epi16(t, 4), low);
-            }
-            for (int j = 0; j < R; ++j) {
-                const int8_t* xg = xr.q.data() + j * K + g * G;
-                const __m256i xlo = broadcast4(xg + 4 * q), xhi = broadcast4(xg + 4 * q + 16);
-                for (int h = 0; h < H; ++h) {
-                    const __m256i two = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], xlo), _mm256_maddubs_epi16(hi[h], xhi));
-                    sums[h][j] = q == 0 ? two : _mm256_add_epi16(sums[h][j], two);
-                }
-            }
-        }
+        nib_group_sums<R>(wg, xr.q.data(), K, g, sums);
         for (int h = 0; h < H; ++h) {
             const __m256i sc = int16_pairs(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + g * 16 + 8 * h))));
             for (int j = 0; j < R; ++j) dots[h][j] = _mm256_add_epi32(dots[h][j], _mm256_madd_epi16(sums[h][j], sc));
@@ -1779,18 +1806,12 @@ inline void avx2_group_rows(const QuantizedRows& xr, const uint8_t* wb, const Gr
             const __m256 o = _mm256_loadu_ps(offset + g * 16 + 8 * (h0 + h));
             for (int j = 0; j < R; ++j) {
                 const int64_t m = m0 + j;
-                const __m256i dot = half_dot<G, true>(col, xr.q.data() + m * K + g * G, ones);
-                acc[h][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(f, _mm256_set1_ps(xr.d[m * KG + g])),
-                                            acc[h][j]);
-                acc[h][j] = _mm256_fmadd_ps(o, _mm256_set1_ps(xr.sums[m * KG + g]), acc[h][j]);
+                acc[h][j] = group_step8<true>(acc[h][j], half_dot<G, true>(col, xr.q.data() + m * K + g * G, ones), f, o,
+                                              xr.d[m * KG + g], xr.sums[m * KG + g]);
             }
         }
     }
-    for (int h = 0; h < H; ++h) {
-        const int64_t n0 = blk * 16 + 8 * (h0 + h);
-        for (int j = 0; j < R; ++j)
-            store8(y + (m0 + j) * ldy + n0, bias ? _mm256_add_ps(acc[h][j], _mm256_loadu_ps(bias + n0)) : acc[h][j]);
-    }
+    store_halves(acc, bias, y, ldy, m0, blk, h0);
 }
 
 // Q8_0's signed weights the same way: a step's products as |w| (VPMADDUBSW's unsigned operand; a half at a
@@ -1829,16 +1850,11 @@ inline void avx2_signed_rows(const QuantizedRows& xr, const uint8_t* wb, const G
                     odd = _mm256_add_epi32(odd, _mm256_madd_epi16(
                         _mm256_maddubs_epi16(mag(p + 1), _mm256_sign_epi8(broadcast4(xg + 4 * p + 4), run(p + 1))), ones));
                 }
-                acc[h][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(even, odd)),
-                                            _mm256_mul_ps(f, _mm256_set1_ps(xr.d[m * KG + g])), acc[h][j]);
+                acc[h][j] = group_step8<false>(acc[h][j], _mm256_add_epi32(even, odd), f, f, xr.d[m * KG + g], 0.0f);
             }
         }
     }
-    for (int h = 0; h < H; ++h) {
-        const int64_t n0 = blk * 16 + 8 * (h0 + h);
-        for (int j = 0; j < R; ++j)
-            store8(y + (m0 + j) * ldy + n0, bias ? _mm256_add_ps(acc[h][j], _mm256_loadu_ps(bias + n0)) : acc[h][j]);
-    }
+    store_halves(acc, bias, y, ldy, m0, blk, h0);
 }
 
 template <class Y>
@@ -1882,7 +1898,7 @@ inline void avx2_group_rows_inner(const QuantizedRows& xr, const uint8_t* wb, co
     const int64_t KG = K / G;
     const float* scale = static_cast<const float*>(gs.scale) + blk * KG * 16;
     const float* offset = static_cast<const float*>(gs.offset) + blk * KG * 16;
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[H][R];
     for (int h = 0; h < H; ++h)
         for (int j = 0; j < R; ++j) acc[h][j] = _mm256_setzero_ps();
@@ -1890,37 +1906,16 @@ inline void avx2_group_rows_inner(const QuantizedRows& xr, const uint8_t* wb, co
         const uint8_t* wg = wb + g * GB * 16;
         for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
         __m256i sums[H][R];
-        for (int q = 0; q < 4; ++q) {  // run q: steps q (low nibbles) and q + 4 (high)
-            __m256i lo[H], hi[H];
-            for (int h = 0; h < H; ++h) {
-                const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 32 * h + 64 * q));
-                lo[h] = _mm256_and_si256(t, low);
-                hi[h] = _mm256_and_si256(_mm256_srli_epi16(t, 4), low);
-            }
-            for (int j = 0; j < R; ++j) {
-                const int8_t* xg = xr.q.data() + j * K + g * G;
-                const __m256i xlo = broadcast4(xg + 4 * q), xhi = broadcast4(xg + 4 * q + 16);
-                for (int h = 0; h < H; ++h) {
-                    const __m256i two = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], xlo), _mm256_maddubs_epi16(hi[h], xhi));
-                    sums[h][j] = q == 0 ? two : _mm256_add_epi16(sums[h][j], two);
-                }
-            }
-        }
+        nib_group_sums<R>(wg, xr.q.data(), K, g, sums);
         for (int h = 0; h < H; ++h) {
             const __m256 f = _mm256_loadu_ps(scale + g * 16 + 8 * h), o = _mm256_loadu_ps(offset + g * 16 + 8 * h);
             for (int j = 0; j < R; ++j) {
-                const __m256i dot = _mm256_madd_epi16(sums[h][j], ones);
-                acc[h][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(f, _mm256_set1_ps(xr.d[j * KG + g])),
-                                            acc[h][j]);
-                acc[h][j] = _mm256_fmadd_ps(o, _mm256_set1_ps(xr.sums[j * KG + g]), acc[h][j]);
+                acc[h][j] = group_step8<true>(acc[h][j], _mm256_madd_epi16(sums[h][j], ones), f, o, xr.d[j * KG + g],
+                                              xr.sums[j * KG + g]);
             }
         }
     }
-    for (int h = 0; h < H; ++h) {
-        const int64_t n0 = blk * 16 + 8 * h;
-        for (int j = 0; j < R; ++j)
-            store8(y + j * ldy + n0, bias ? _mm256_add_ps(acc[h][j], _mm256_loadu_ps(bias + n0)) : acc[h][j]);
-    }
+    store_halves(acc, bias, y, ldy, 0, blk, 0);
 }
 
 // Columns [0, N) (N % 16 == 0) of y, x quantized by blocks of 32 (xr: q [M, K], d and sums [M, K / 32]); rows
