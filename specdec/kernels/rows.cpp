@@ -196,6 +196,25 @@ __attribute__((always_inline)) inline void by_column_tiles(int64_t n0, int64_t n
     for (; n < n1; ++n) columns(std::integral_constant<int, 1>(), n);
 }
 
+// Past the rows a block's two halves hold in registers together (the columns layout's AVX2 kernels): a half
+// at a time, its rows in tiles of up to 8 (rows(R, m0, h): R rows from m0 of half h, R a std::integral_constant)
+template <class Rows>
+__attribute__((always_inline)) inline void by_half_tiles(int64_t M, const Rows& rows) {
+    for (int h = 0; h < 2; ++h)
+        for (int64_t m0 = 0; m0 < M; m0 += 8) {
+            switch (std::min<int64_t>(M - m0, 8)) {
+                case 8: rows(std::integral_constant<int, 8>(), m0, h); break;
+                case 7: rows(std::integral_constant<int, 7>(), m0, h); break;
+                case 6: rows(std::integral_constant<int, 6>(), m0, h); break;
+                case 5: rows(std::integral_constant<int, 5>(), m0, h); break;
+                case 4: rows(std::integral_constant<int, 4>(), m0, h); break;
+                case 3: rows(std::integral_constant<int, 3>(), m0, h); break;
+                case 2: rows(std::integral_constant<int, 2>(), m0, h); break;
+                default: rows(std::integral_constant<int, 1>(), m0, h); break;
+            }
+        }
+}
+
 template <class W, int R, class Y>
 inline void rows_block(const float* x, int64_t ldx, const typename W::T* w, int64_t K, Y* y, int64_t ldy,
                        int64_t n0, int64_t n1, const Epilogue& e) {
@@ -1761,18 +1780,9 @@ void avx2_super_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupSc
             else avx2_super_rows<G, NIB, S, 2, 2, Y, SIX>(xr, xpair, w + blk * 16 * ldw, gs, bias, y, ldy, 0, blk, 0, K);
             continue;
         }
-        for (int h = 0; h < 2; ++h)
-            for (int64_t m0 = 0, r = 0; m0 < M; m0 += r) {
-                r = std::min<int64_t>(M - m0, 8);
-                switch (r) {
-#define SPECDEC_AVX2_ROWS(R) \
-    case R: avx2_super_rows<G, NIB, S, R, 1, Y, SIX>(xr, xpair, w + blk * 16 * ldw, gs, bias, y, ldy, m0, blk, h, K); break;
-                    SPECDEC_AVX2_ROWS(1) SPECDEC_AVX2_ROWS(2) SPECDEC_AVX2_ROWS(3) SPECDEC_AVX2_ROWS(4)
-                    SPECDEC_AVX2_ROWS(5) SPECDEC_AVX2_ROWS(6) SPECDEC_AVX2_ROWS(7) SPECDEC_AVX2_ROWS(8)
-#undef SPECDEC_AVX2_ROWS
-                    default: break;
-                }
-            }
+        by_half_tiles(M, [&](auto r, int64_t m0, int h) __attribute__((always_inline)) {
+            avx2_super_rows<G, NIB, S, decltype(r)::value, 1, Y, SIX>(xr, xpair, w + blk * 16 * ldw, gs, bias, y, ldy, m0, blk, h, K);
+        });
     }
 }
 
@@ -1869,19 +1879,9 @@ void avx2_signed_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupS
             else avx2_signed_rows<2, 2, Y>(xr, wb, gs, bias, y, ldy, 0, blk, 0, K);
             continue;
         }
-        for (int h = 0; h < 2; ++h)
-            for (int64_t m0 = 0, r = 0; m0 < M; m0 += r) {
-                r = std::min<int64_t>(M - m0, 8);
-                switch (r) {
-#define SPECDEC_AVX2_SIGNED_ROWS(R) \
-    case R: avx2_signed_rows<R, 1, Y>(xr, wb, gs, bias, y, ldy, m0, blk, h, K); break;
-                    SPECDEC_AVX2_SIGNED_ROWS(1) SPECDEC_AVX2_SIGNED_ROWS(2) SPECDEC_AVX2_SIGNED_ROWS(3)
-                    SPECDEC_AVX2_SIGNED_ROWS(4) SPECDEC_AVX2_SIGNED_ROWS(5) SPECDEC_AVX2_SIGNED_ROWS(6)
-                    SPECDEC_AVX2_SIGNED_ROWS(7) SPECDEC_AVX2_SIGNED_ROWS(8)
-#undef SPECDEC_AVX2_SIGNED_ROWS
-                    default: break;
-                }
-            }
+        by_half_tiles(M, [&](auto r, int64_t m0, int h) __attribute__((always_inline)) {
+            avx2_signed_rows<decltype(r)::value, 1, Y>(xr, wb, gs, bias, y, ldy, m0, blk, h, K);
+        });
     }
 }
 
@@ -1935,19 +1935,9 @@ void avx2_group_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupSc
             else avx2_group_rows_inner<4, Y>(xr, wb, gs, bias, y, ldy, blk, K);
             continue;
         }
-        for (int h = 0; h < 2; ++h)
-            for (int64_t m0 = 0, r = 0; m0 < M; m0 += r) {
-                r = std::min<int64_t>(M - m0, 8);
-                switch (r) {
-#define SPECDEC_AVX2_GROUP_ROWS(R) \
-    case R: avx2_group_rows<R, 1, Y>(xr, wb, gs, bias, y, ldy, m0, blk, h, K); break;
-                    SPECDEC_AVX2_GROUP_ROWS(1) SPECDEC_AVX2_GROUP_ROWS(2) SPECDEC_AVX2_GROUP_ROWS(3)
-                    SPECDEC_AVX2_GROUP_ROWS(4) SPECDEC_AVX2_GROUP_ROWS(5) SPECDEC_AVX2_GROUP_ROWS(6)
-                    SPECDEC_AVX2_GROUP_ROWS(7) SPECDEC_AVX2_GROUP_ROWS(8)
-#undef SPECDEC_AVX2_GROUP_ROWS
-                    default: break;
-                }
-            }
+        by_half_tiles(M, [&](auto r, int64_t m0, int h) __attribute__((always_inline)) {
+            avx2_group_rows<decltype(r)::value, 1, Y>(xr, wb, gs, bias, y, ldy, m0, blk, h, K);
+        });
     }
 }
 
