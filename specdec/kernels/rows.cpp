@@ -215,6 +215,16 @@ __attribute__((always_inline)) inline void by_half_tiles(int64_t M, const Rows& 
         }
 }
 
+// Rows in tiles of 3 (the last of 2 or 4) for the kernels with a block's both halves and the rows inner
+// (rows(R, m0): R rows from m0, R a std::integral_constant)
+template <class Rows>
+__attribute__((always_inline)) inline void by_inner_tiles(int64_t M, const Rows& rows) {
+    int64_t m0 = 0;
+    for (; M - m0 > 4 || M - m0 == 3; m0 += 3) rows(std::integral_constant<int, 3>(), m0);
+    if (M - m0 == 4) rows(std::integral_constant<int, 4>(), m0);
+    else if (M - m0 == 2) rows(std::integral_constant<int, 2>(), m0);
+}
+
 template <class W, int R, class Y>
 inline void rows_block(const float* x, int64_t ldx, const typename W::T* w, int64_t K, Y* y, int64_t ldy,
                        int64_t n0, int64_t n1, const Epilogue& e) {
@@ -1588,6 +1598,12 @@ inline void half_runs(const uint8_t* wc, __m256i* col) {  // wc: the group's run
     }
 }
 
+// GCC turns a run of integer vector sums into a tree: every product of a group computed first and spilled
+// to the stack (seen in the code it emits for nib_group_sums), the sums after. An empty asm that claims to
+// change a sum keeps each step's add where it is written, so the products stay in registers.
+__attribute__((always_inline)) inline void in_order(__m256i& sum) { asm volatile("" : "+x"(sum)); }
+__attribute__((always_inline)) inline void in_order(__m256i& a, __m256i& b) { asm volatile("" : "+x"(a), "+x"(b)); }
+
 inline __m256i broadcast4(const int8_t* p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -1605,6 +1621,7 @@ inline __m256i half_dot(const __m256i* col, const int8_t* xg, __m256i sc) {
         for (int p = p0 + 2; p < p0 + RUN; p += 2) {
             even = _mm256_add_epi16(even, _mm256_maddubs_epi16(col[p], broadcast4(xg + 4 * p)));
             odd = _mm256_add_epi16(odd, _mm256_maddubs_epi16(col[p + 1], broadcast4(xg + 4 * p + 4)));
+            in_order(even, odd);
         }
         dots = _mm256_add_epi32(dots, _mm256_madd_epi16(_mm256_add_epi16(even, odd), sc));
     }
@@ -1648,6 +1665,7 @@ __attribute__((always_inline)) inline void nib_group_sums(const uint8_t* wg, con
             for (int h = 0; h < H; ++h) {
                 const __m256i two = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], xlo), _mm256_maddubs_epi16(hi[h], xhi));
                 sums[h][j] = q == 0 ? two : _mm256_add_epi16(sums[h][j], two);
+                in_order(sums[h][j]);
             }
         }
     }
@@ -1729,18 +1747,21 @@ inline void avx2_super_rows(const QuantizedRows& xr, const int32_t* xpair, const
                                   m0, blk, h0, KG, K / S, group_dots);
 }
 
-// 2-3 rows of both halves of block blk, 4-bit values (G = 32), the rows inner: each of a group's four
-// 32-byte runs of a half holds two steps (low and high nibbles), unpacked once and met by every row's
+// 2-4 rows (R) from m0 of both halves of block blk, 4-bit values (G = 32), the rows inner: each of a group's
+// four 32-byte runs of a half holds two steps (low and high nibbles), unpacked once and met by every row's
 // broadcasts (shared by the halves), each row's int16 sum of the group's eight steps held in a register (at
-// most 30,480), scaled into int32 once a group. The same exact integers as avx2_super_rows', so the same
-// bits, with 4 weight registers live instead of 8 and half the broadcasts. Measured against avx2_super_rows
-// on an AMD EPYC Zen 3, 2 threads, Qwen2.5-Coder-1.5B Q4_K_M and its 0.5B draft in 4 bits, whole passes
-// alternating, medians of per-pair ratios: 1 / 2 / 3 rows 0.97-1.01 / 0.94-0.97 / 0.95-0.98 (draft 0.98-0.99
-// / 0.92-1.00 / 0.89); one row no faster (kept on avx2_super_rows), from 4 rows slower (1.06, 8 rows
-// 1.21-1.25: the rows' sums and dots spill).
+// most 30,480; in_order keeps it there), scaled into int32 once a group. The same exact integers as
+// avx2_super_rows', so the same bits, with 4 weight registers live instead of 8 and half the broadcasts.
+// Measured against avx2_super_rows on an AMD EPYC Zen 3, 2 threads, Qwen2.5-Coder-1.5B Q4_K_M and its 0.5B
+// draft in 4 bits, whole passes alternating, medians of per-pair ratios: 1 / 2 / 3 rows 0.97-1.01 /
+// 0.94-0.97 / 0.95-0.98 (draft 0.98-0.99 / 0.92-1.00 / 0.89); one row no faster (kept on avx2_super_rows).
+// With in_order (stop 79; before it GCC spilled every product of a group) against the build before it:
+// target 2 / 3 / 4 rows 0.93-0.97 / 0.85-0.91 / 0.89-0.95, draft 0.93 / 0.83 / 0.93 (4 rows in one tile
+// against a half at a time); tiles of 3 + 2 and 3 + 3 against a half at a time 0.96-0.98 (5 rows) and
+// 0.94-0.98 (6); 7-8 rows no faster (0.98-1.02), kept a half at a time.
 template <int S, int R, class Y>
 inline void avx2_nib_rows(const QuantizedRows& xr, const int32_t* xpair, const uint8_t* wb, const GroupScales& gs,
-                          const float* bias, Y* y, int64_t ldy, int64_t blk, int64_t K) {
+                          const float* bias, Y* y, int64_t ldy, int64_t m0, int64_t blk, int64_t K) {
     constexpr int G = 32, H = 2;
     constexpr int64_t GB = group_bytes<G, true, false>();
     const int64_t KG = K / G;
@@ -1749,14 +1770,14 @@ inline void avx2_nib_rows(const QuantizedRows& xr, const int32_t* xpair, const u
         const uint8_t* wg = wb + g * GB * 16;
         for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
         __m256i sums[H][R];
-        nib_group_sums<R>(wg, xr.q.data(), K, g, sums);
+        nib_group_sums<R>(wg, xr.q.data() + m0 * K, K, g, sums);
         for (int h = 0; h < H; ++h) {
             const __m256i sc = int16_pairs(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + g * 16 + 8 * h))));
             for (int j = 0; j < R; ++j) dots[h][j] = _mm256_add_epi32(dots[h][j], _mm256_madd_epi16(sums[h][j], sc));
         }
     };
     avx2_superblocks<S / G, R, H>(xr, xpair, gs, static_cast<const int8_t*>(gs.offset) + blk * KG * 16, bias, y, ldy,
-                                  0, blk, 0, KG, K / S, group_dots);
+                                  m0, blk, 0, KG, K / S, group_dots);
 }
 
 // Columns [0, N) (N % 16 == 0) of y, x quantized by superblocks of S (xr: q [M, K], d [M, K / S], pairs)
@@ -1769,9 +1790,10 @@ void avx2_super_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupSc
     #pragma omp for schedule(static) nowait
     for (int64_t blk = 0; blk < blocks; ++blk) {
         if constexpr (NIB) {
-            if (M == 2 || M == 3) {  // the rows inner (see above)
-                if (M == 2) avx2_nib_rows<S, 2, Y>(xr, xpair, w + blk * 16 * ldw, gs, bias, y, ldy, blk, K);
-                else avx2_nib_rows<S, 3, Y>(xr, xpair, w + blk * 16 * ldw, gs, bias, y, ldy, blk, K);
+            if (M >= 2 && M <= 6) {  // the rows inner (see above), in tiles of 2-4 rows
+                by_inner_tiles(M, [&](auto r, int64_t m0) __attribute__((always_inline)) {
+                    avx2_nib_rows<S, decltype(r)::value, Y>(xr, xpair, w + blk * 16 * ldw, gs, bias, y, ldy, m0, blk, K);
+                });
                 continue;
             }
         }
@@ -1859,6 +1881,7 @@ inline void avx2_signed_rows(const QuantizedRows& xr, const uint8_t* wb, const G
                         _mm256_maddubs_epi16(mag(p), _mm256_sign_epi8(broadcast4(xg + 4 * p), run(p))), ones));
                     odd = _mm256_add_epi32(odd, _mm256_madd_epi16(
                         _mm256_maddubs_epi16(mag(p + 1), _mm256_sign_epi8(broadcast4(xg + 4 * p + 4), run(p + 1))), ones));
+                    in_order(even, odd);
                 }
                 acc[h][j] = group_step8<false>(acc[h][j], _mm256_add_epi32(even, odd), f, f, xr.d[m * KG + g], 0.0f);
             }
@@ -1885,14 +1908,15 @@ void avx2_signed_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupS
     }
 }
 
-// 3-4 rows of both halves, the rows inner (as avx2_nib_rows): each of a group's four 32-byte runs of a half
-// unpacked once and met by every row's broadcasts, shared by the halves; the same integers and float steps, so
-// the same bits. SmolLM2 int4 passes against a half at a time (scripts/stack_ab.py, one process): 3 tokens
-// 0.925-0.950x the time, 4 tokens 0.917 / 0.947x; 2 rows 0.973 / 1.000x against both halves row by row
-// (avx2_group_rows), kept there.
+// 2-4 rows from m0 of both halves, the rows inner (as avx2_nib_rows): each of a group's four 32-byte runs of
+// a half unpacked once and met by every row's broadcasts, shared by the halves; the same integers and float
+// steps, so the same bits. SmolLM2 int4 passes against a half at a time (scripts/stack_ab.py, one process): 3
+// tokens 0.925-0.950x the time, 4 tokens 0.917 / 0.947x. With in_order (stop 79), against the build before
+// (2 rows both halves row by row, 5-6 a half at a time): 2 / 3 / 4 / 5 / 6 tokens 0.96 / 0.91 / 0.90 / 0.91 /
+// 0.89x; 8 tokens 0.99x (kept a half at a time).
 template <int R, class Y>
 inline void avx2_group_rows_inner(const QuantizedRows& xr, const uint8_t* wb, const GroupScales& gs, const float* bias,
-                                  Y* y, int64_t ldy, int64_t blk, int64_t K) {
+                                  Y* y, int64_t ldy, int64_t m0, int64_t blk, int64_t K) {
     constexpr int G = 32, H = 2;
     constexpr int64_t GB = group_bytes<G, true, false>();
     const int64_t KG = K / G;
@@ -1906,21 +1930,21 @@ inline void avx2_group_rows_inner(const QuantizedRows& xr, const uint8_t* wb, co
         const uint8_t* wg = wb + g * GB * 16;
         for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
         __m256i sums[H][R];
-        nib_group_sums<R>(wg, xr.q.data(), K, g, sums);
+        nib_group_sums<R>(wg, xr.q.data() + m0 * K, K, g, sums);
         for (int h = 0; h < H; ++h) {
             const __m256 f = _mm256_loadu_ps(scale + g * 16 + 8 * h), o = _mm256_loadu_ps(offset + g * 16 + 8 * h);
             for (int j = 0; j < R; ++j) {
-                acc[h][j] = group_step8<true>(acc[h][j], _mm256_madd_epi16(sums[h][j], ones), f, o, xr.d[j * KG + g],
-                                              xr.sums[j * KG + g]);
+                acc[h][j] = group_step8<true>(acc[h][j], _mm256_madd_epi16(sums[h][j], ones), f, o, xr.d[(m0 + j) * KG + g],
+                                              xr.sums[(m0 + j) * KG + g]);
             }
         }
     }
-    store_halves(acc, bias, y, ldy, 0, blk, 0);
+    store_halves(acc, bias, y, ldy, m0, blk, 0);
 }
 
 // Columns [0, N) (N % 16 == 0) of y, x quantized by blocks of 32 (xr: q [M, K], d and sums [M, K / 32]); rows
-// as avx2_super_glinear takes them: one or two with both halves together, three or four with the rows inner, more a half
-// at a time in tiles of 8
+// as avx2_super_glinear takes them: one with both halves together, 2-6 with the rows inner (by_inner_tiles), more a
+// half at a time in tiles of 8
 template <class Y>
 void avx2_group_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupScales& gs, const float* bias, Y* y,
                         int64_t ldy, int64_t M, int64_t N, int64_t K) {
@@ -1928,11 +1952,14 @@ void avx2_group_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupSc
     #pragma omp for schedule(static) nowait
     for (int64_t blk = 0; blk < blocks; ++blk) {
         const uint8_t* wb = w + blk * 16 * ldw;
-        if (M <= 4) {
-            if (M == 1) avx2_group_rows<1, 2, Y>(xr, wb, gs, bias, y, ldy, 0, blk, 0, K);
-            else if (M == 2) avx2_group_rows<2, 2, Y>(xr, wb, gs, bias, y, ldy, 0, blk, 0, K);
-            else if (M == 3) avx2_group_rows_inner<3, Y>(xr, wb, gs, bias, y, ldy, blk, K);
-            else avx2_group_rows_inner<4, Y>(xr, wb, gs, bias, y, ldy, blk, K);
+        if (M == 1) {
+            avx2_group_rows<1, 2, Y>(xr, wb, gs, bias, y, ldy, 0, blk, 0, K);
+            continue;
+        }
+        if (M <= 6) {
+            by_inner_tiles(M, [&](auto r, int64_t m0) __attribute__((always_inline)) {
+                avx2_group_rows_inner<decltype(r)::value, Y>(xr, wb, gs, bias, y, ldy, m0, blk, K);
+            });
             continue;
         }
         by_half_tiles(M, [&](auto r, int64_t m0, int h) __attribute__((always_inline)) {
