@@ -3,12 +3,14 @@ confidence_floor) against the controller's K alone, beside plain decoding, in on
 of the `draft` method taking turns prompt by prompt at one temperature, 128 tokens each, every
 request paying its prompt (no prefix reuse, no controller memory). Variants: `off` (the K the
 controller picks, no stop: before stop 73), `learned` (the floor, its calibration learned: the
-default), a number g (the floor with the calibration's exponent fixed at g), `no-guess` (the floor,
-without a draft's prompt-lookup guesses, prompt_lookup.Guesser), `file:PATH` (the default, its
+default), `k:N` (N drafts every step, no controller), a number g (the floor with the calibration's
+exponent fixed at g), `no-guess` (the floor, without a draft's prompt-lookup guesses,
+prompt_lookup.Guesser), `file:PATH` (the default, its
 proposer's `propose` from another copy of spec/proposers/draft_model.py: an older version). Decoding
 tokens/s after the prefill, summed over the prompts, and the drafts a step.
 
     python scripts/draft_floor_ab.py qwen-coder code 3 0 off,learned,0.5 [repeats]
+    python scripts/draft_floor_ab.py qwen-coder code 3 0 learned,k:1 2
     git show HEAD~1:specdec/spec/proposers/draft_model.py > /tmp/old.py
     python scripts/draft_floor_ab.py qwen-coder code 3 0 file:/tmp/old.py,learned 3
 """
@@ -36,7 +38,9 @@ class FixedCalibration(ConfidenceCalibration):
 
 
 def decoder_for(target: str, variant: str):
-    decoder = load(target=target, method="draft", dtype="bfloat16", memory=False, reuse_prefix=False)
+    fixed = int(variant[len("k:"):]) if variant.startswith("k:") else None
+    decoder = load(target=target, method="draft", dtype="bfloat16", memory=False, reuse_prefix=False,
+                   draft_tokens=fixed)
     if variant == "off":
         decoder.engine.proposer.stops_at_floor = False  # read when the engine makes its controllers
     elif variant == "no-guess":  # the floor, without the greedy draft's prompt-lookup guesses
@@ -47,7 +51,7 @@ def decoder_for(target: str, variant: str):
         spec.loader.exec_module(other)
         proposer = decoder.engine.proposer
         proposer.propose = types.MethodType(other.DraftModelProposer.propose, proposer)
-    elif variant != "learned":
+    elif variant != "learned" and fixed is None:
         bank = decoder.engine.controllers
 
         def made(new=bank.new, gamma=float(variant)):
