@@ -1808,6 +1808,40 @@ void avx2_super_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupSc
     }
 }
 
+// R rows from m0 of H halves from h0 of block blk, one-level 4-bit groups: each group's int32 dots from
+// group_dots(wg, g, dots) (dots[h][j]: row m0 + j's, half h0 + h), then vnni_rows's float steps in its order;
+// the rows' results stored at the end
+template <int R, int H, class Y, class GroupDots>
+__attribute__((always_inline)) inline void avx2_one_level_groups(const QuantizedRows& xr, const uint8_t* wb,
+                                                                 const GroupScales& gs, const float* bias, Y* y,
+                                                                 int64_t ldy, int64_t m0, int64_t blk, int h0,
+                                                                 int64_t K, GroupDots group_dots) {
+    constexpr int G = 32;
+    constexpr int64_t GB = group_bytes<G, true, false>();
+    const int64_t KG = K / G;
+    const float* scale = static_cast<const float*>(gs.scale) + blk * KG * 16;
+    const float* offset = static_cast<const float*>(gs.offset) + blk * KG * 16;
+    __m256 acc[H][R];
+    for (int h = 0; h < H; ++h)
+        for (int j = 0; j < R; ++j) acc[h][j] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < KG; ++g) {
+        const uint8_t* wg = wb + g * GB * 16;
+        if (h0 == 0)  // a second call for the other half reads the lines this one brought in
+            for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
+        __m256i dots[H][R];
+        group_dots(wg, g, dots);
+        for (int h = 0; h < H; ++h) {
+            const __m256 f = _mm256_loadu_ps(scale + g * 16 + 8 * (h0 + h));
+            const __m256 o = _mm256_loadu_ps(offset + g * 16 + 8 * (h0 + h));
+            for (int j = 0; j < R; ++j) {
+                const int64_t m = m0 + j;
+                acc[h][j] = group_step8<true>(acc[h][j], dots[h][j], f, o, xr.d[m * KG + g], xr.sums[m * KG + g]);
+            }
+        }
+    }
+    store_halves(acc, bias, y, ldy, m0, blk, h0);
+}
+
 // One-level 4-bit weights (a float32 scale and offset a group of 32: Q4_1's shape, `--quantize int4` where K
 // is not a multiple of 128, as SmolLM2's 576) on the columns layout with AVX2 alone (grouped kernel 2,
 // "avx2-columns"): a half's group runs unpacked once for the tile's rows, each row's dots with them exact
@@ -1819,31 +1853,15 @@ template <int R, int H, class Y>
 inline void avx2_group_rows(const QuantizedRows& xr, const uint8_t* wb, const GroupScales& gs, const float* bias,
                             Y* y, int64_t ldy, int64_t m0, int64_t blk, int h0, int64_t K) {
     constexpr int G = 32, P = G / 4;
-    constexpr int64_t GB = group_bytes<G, true, false>();
-    const int64_t KG = K / G;
-    const float* scale = static_cast<const float*>(gs.scale) + blk * KG * 16;
-    const float* offset = static_cast<const float*>(gs.offset) + blk * KG * 16;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[H][R];
-    for (int h = 0; h < H; ++h)
-        for (int j = 0; j < R; ++j) acc[h][j] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < KG; ++g) {
-        const uint8_t* wg = wb + g * GB * 16;
-        if (h0 == 0)  // a second call for the other half reads the lines this one brought in
-            for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
+    avx2_one_level_groups<R, H>(xr, wb, gs, bias, y, ldy, m0, blk, h0, K,
+                                [&](const uint8_t* wg, int64_t g, __m256i (&dots)[H][R]) __attribute__((always_inline)) {
         for (int h = 0; h < H; ++h) {
             __m256i col[P];
             half_runs<G, true, false>(wg + 32 * (h0 + h), col);
-            const __m256 f = _mm256_loadu_ps(scale + g * 16 + 8 * (h0 + h));
-            const __m256 o = _mm256_loadu_ps(offset + g * 16 + 8 * (h0 + h));
-            for (int j = 0; j < R; ++j) {
-                const int64_t m = m0 + j;
-                acc[h][j] = group_step8<true>(acc[h][j], half_dot<G, true>(col, xr.q.data() + m * K + g * G, ones), f, o,
-                                              xr.d[m * KG + g], xr.sums[m * KG + g]);
-            }
+            for (int j = 0; j < R; ++j) dots[h][j] = half_dot<G, true>(col, xr.q.data() + (m0 + j) * K + g * G, ones);
         }
-    }
-    store_halves(acc, bias, y, ldy, m0, blk, h0);
+    });
 }
 
 // Q8_0's signed weights the same way: a step's products as |w| (VPMADDUBSW's unsigned operand; a half at a
@@ -1917,29 +1935,15 @@ void avx2_signed_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupS
 template <int R, class Y>
 inline void avx2_group_rows_inner(const QuantizedRows& xr, const uint8_t* wb, const GroupScales& gs, const float* bias,
                                   Y* y, int64_t ldy, int64_t m0, int64_t blk, int64_t K) {
-    constexpr int G = 32, H = 2;
-    constexpr int64_t GB = group_bytes<G, true, false>();
-    const int64_t KG = K / G;
-    const float* scale = static_cast<const float*>(gs.scale) + blk * KG * 16;
-    const float* offset = static_cast<const float*>(gs.offset) + blk * KG * 16;
+    constexpr int H = 2;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[H][R];
-    for (int h = 0; h < H; ++h)
-        for (int j = 0; j < R; ++j) acc[h][j] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < KG; ++g) {
-        const uint8_t* wg = wb + g * GB * 16;
-        for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
+    avx2_one_level_groups<R, H>(xr, wb, gs, bias, y, ldy, m0, blk, 0, K,
+                                [&](const uint8_t* wg, int64_t g, __m256i (&dots)[H][R]) __attribute__((always_inline)) {
         __m256i sums[H][R];
         nib_group_sums<R>(wg, xr.q.data() + m0 * K, K, g, sums);
-        for (int h = 0; h < H; ++h) {
-            const __m256 f = _mm256_loadu_ps(scale + g * 16 + 8 * h), o = _mm256_loadu_ps(offset + g * 16 + 8 * h);
-            for (int j = 0; j < R; ++j) {
-                acc[h][j] = group_step8<true>(acc[h][j], _mm256_madd_epi16(sums[h][j], ones), f, o, xr.d[(m0 + j) * KG + g],
-                                              xr.sums[(m0 + j) * KG + g]);
-            }
-        }
-    }
-    store_halves(acc, bias, y, ldy, m0, blk, 0);
+        for (int h = 0; h < H; ++h)
+            for (int j = 0; j < R; ++j) dots[h][j] = _mm256_madd_epi16(sums[h][j], ones);
+    });
 }
 
 // Columns [0, N) (N % 16 == 0) of y, x quantized by blocks of 32 (xr: q [M, K], d and sums [M, K / 32]); rows
