@@ -216,7 +216,9 @@ __attribute__((always_inline)) inline void by_half_tiles(int64_t M, const Rows& 
 }
 
 // Rows in tiles of 3 (the last of 2 or 4) for the kernels with a block's both halves and the rows inner
-// (rows(R, m0): R rows from m0, R a std::integral_constant)
+// (rows(R, m0): R rows from m0, R a std::integral_constant), which take 2 to INNER_MAX_ROWS rows (past it a
+// half at a time was as fast; measured in avx2_nib_rows' comment)
+constexpr int64_t INNER_MAX_ROWS = 6;
 template <class Rows>
 __attribute__((always_inline)) inline void by_inner_tiles(int64_t M, const Rows& rows) {
     int64_t m0 = 0;
@@ -1790,7 +1792,7 @@ void avx2_super_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupSc
     #pragma omp for schedule(static) nowait
     for (int64_t blk = 0; blk < blocks; ++blk) {
         if constexpr (NIB) {
-            if (M >= 2 && M <= 6) {  // the rows inner (see above), in tiles of 2-4 rows
+            if (M >= 2 && M <= INNER_MAX_ROWS) {  // the rows inner (see above), in tiles of 2-4 rows
                 by_inner_tiles(M, [&](auto r, int64_t m0) __attribute__((always_inline)) {
                     avx2_nib_rows<S, decltype(r)::value, Y>(xr, xpair, w + blk * 16 * ldw, gs, bias, y, ldy, m0, blk, K);
                 });
@@ -1960,7 +1962,7 @@ void avx2_group_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupSc
             avx2_group_rows<1, 2, Y>(xr, wb, gs, bias, y, ldy, 0, blk, 0, K);
             continue;
         }
-        if (M <= 6) {
+        if (M <= INNER_MAX_ROWS) {
             by_inner_tiles(M, [&](auto r, int64_t m0) __attribute__((always_inline)) {
                 avx2_group_rows_inner<decltype(r)::value, Y>(xr, wb, gs, bias, y, ldy, m0, blk, K);
             });
