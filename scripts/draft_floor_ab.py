@@ -5,15 +5,21 @@ request paying its prompt (no prefix reuse, no controller memory). Variants: `of
 controller picks, no stop: before stop 73), `learned` (the floor, its calibration learned: the
 default), `k:N` (N drafts every step, no controller), a number g (the floor with the calibration's
 exponent fixed at g), `no-guess` (the floor, without a draft's prompt-lookup guesses,
-prompt_lookup.Guesser), `file:PATH` (the default, its
-proposer's `propose` from another copy of spec/proposers/draft_model.py: an older version). Decoding
+prompt_lookup.Guesser), `guess:N` (the floor, N guesses a draft pass where
+the prompt has them, not sized by the draft's pass costs: guess:4 is before stop 80), `file:PATH` (the default, its
+proposer's `propose` from another copy of spec/proposers/draft_model.py: an older version), `control:PATH` (the
+default, its controllers from another copy of spec/control/draft_length.py), `prior:W` (the default, its acceptance
+prior worth W drafts; `prior:W:D` also its evidence forgotten at D a drafted step). Decoding
 tokens/s after the prefill, summed over the prompts, and the drafts a step.
 
     python scripts/draft_floor_ab.py qwen-coder code 3 0 off,learned,0.5 [repeats]
     python scripts/draft_floor_ab.py qwen-coder code 3 0 learned,k:1 2
     git show HEAD~1:specdec/spec/proposers/draft_model.py > /tmp/old.py
     python scripts/draft_floor_ab.py qwen-coder code 3 0 file:/tmp/old.py,learned 3
+    git show HEAD:specdec/spec/control/draft_length.py > /tmp/old_control.py
+    python scripts/draft_floor_ab.py qwen-coder code 3 0 control:/tmp/old_control.py,learned 2
 """
+import dataclasses
 import importlib.util
 import sys
 import types
@@ -45,13 +51,38 @@ def decoder_for(target: str, variant: str):
         decoder.engine.proposer.stops_at_floor = False  # read when the engine makes its controllers
     elif variant == "no-guess":  # the floor, without the greedy draft's prompt-lookup guesses
         decoder.engine.proposer.ahead = False
+    elif variant.startswith("guess:"):  # the floor, N guesses a draft pass where the prompt has them (not sized)
+        decoder.engine.proposer.guesser.tokens = int(variant[len("guess:"):])
+        decoder.engine.proposer.guesser.pass_seconds = None
+    elif variant.startswith("control:"):  # the default, its controllers from another copy of draft_length.py
+        spec = importlib.util.spec_from_file_location("other_draft_length", variant[len("control:"):])
+        other = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+        spec.loader.exec_module(other)
+        bank, names = decoder.engine.controllers, {f.name for f in dataclasses.fields(other.DraftLengthController)}
+
+        def made(new=bank.new):
+            controller = new()
+            return other.DraftLengthController(**{n: getattr(controller, n) for n in names if hasattr(controller, n)})
+
+        bank.new = made
+    elif variant.startswith("prior:"):  # the default, its acceptance prior worth W drafts (prior:W or prior:W:DECAY)
+        bank, settings = decoder.engine.controllers, [float(v) for v in variant[len("prior:"):].split(":")]
+
+        def made(new=bank.new):
+            controller = new()
+            controller.prior_weight = settings[0]
+            if len(settings) > 1:
+                controller.decay = settings[1]
+            return controller
+
+        bank.new = made
     elif variant.startswith("file:"):
         spec = importlib.util.spec_from_file_location("other_draft_model", variant[len("file:"):])
         other = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(other)
         proposer = decoder.engine.proposer
         proposer.propose = types.MethodType(other.DraftModelProposer.propose, proposer)
-    elif variant != "learned" and fixed is None:
+    elif variant != "learned" and fixed is None and not variant.startswith(("guess:", "control:", "prior:")):
         bank = decoder.engine.controllers
 
         def made(new=bank.new, gamma=float(variant)):

@@ -51,3 +51,45 @@ def test_a_guesser_proposes_what_followed_the_longest_ngram_ending_the_drafts():
     assert guesser.guess([], 4) == [5, 6, 7, 9]  # "2 3 4" at 1
     guesser.follow([5, 6, 5])  # another text: indexed afresh
     assert guesser.guess([], 4) == [6, 5]
+
+
+def test_a_guesser_carries_only_the_guesses_worth_their_rows():
+    """With the draft's pass times by width, a pass carries the j-th guess only where the chance
+    that the first j are kept, times the draft pass a kept guess saves, beats what its row adds.
+    The places' kept shares are learned from the passes (observe)."""
+    from specdec.spec.proposers.prompt_lookup import Guesser
+
+    guesser = Guesser(ngram=3, tokens=4)
+    guesser.follow([1, 2, 3, 4, 5, 6, 7, 1, 2])
+    assert guesser.worth() == 4  # uncalibrated: every guess, as before
+    # Zen 3's 4-bit 0.5B draft (ms): the 2nd and 3rd rows cheap, the 4th and 5th dear
+    guesser.pass_seconds = {1: 9.0, 2: 9.4, 3: 9.7, 4: 12.9, 5: 15.6}
+    assert guesser.worth() == 2  # kept shares of 0.5 (the prior): 0.125 x 9 ms < 3.2 ms for a third
+    assert guesser.guess([], 8) == [3, 4]
+    for _ in range(200):  # code that copies its prompt: every guess kept
+        guesser.observe(4, 4)
+    assert guesser.worth() == 4
+    for _ in range(200):  # the first guess kept one time in ten, never the second
+        guesser.observe(2, 0)
+        if _ % 10 == 0:
+            guesser.observe(2, 1)
+    assert guesser.worth() == 1  # 0.1 x 9 ms > 0.4 ms; the second's chance ~0
+    guesser.pass_seconds = {1: 9.0, 2: 12.0, 3: 15.0}  # a row costs a third of a pass: none pays
+    assert guesser.worth() == 0 and guesser.guess([], 8) == []
+
+
+def test_a_draft_models_guesses_are_sized_by_its_calibrated_pass_costs():
+    """Calibration times the draft model's passes of 1 .. tokens + 1 rows and hands them to its
+    guesser; the drafts are the same with any number of guesses (they only save passes)."""
+    import specdec
+
+    decoder = specdec.load(method="draft")
+    guesser = decoder.engine.proposer.guesser
+    assert sorted(guesser.pass_seconds) == list(range(1, guesser.tokens + 2))
+    assert all(t > 0 for t in guesser.pass_seconds.values())
+    prompt = "def fibonacci(n):\n    # fibonacci numbers: fibonacci(0) = 0, fibonacci(1) = 1\n"
+    sized = decoder.generate(prompt, max_new_tokens=32).token_ids
+    guesser.pass_seconds = {1: 1.0, 2: 1e-9 + 1.0, 3: 1.0 + 2e-9, 4: 1.0 + 3e-9, 5: 1.0 + 4e-9}  # every guess
+    assert decoder.generate(prompt, max_new_tokens=32).token_ids == sized
+    plain = specdec.load(method="none").generate(prompt, max_new_tokens=32).token_ids
+    assert sized == plain

@@ -61,6 +61,8 @@ class Engine:
         # plain decoding only ever runs 1-token passes
         max_k = 0 if self.proposer is None else max(self.proposer.tree_sizes) if tree else self.max_draft_tokens
         self.pass_costs = measure_pass_costs(self.target, self.proposer, max_k, filler, exact=self.exact)
+        if self.pass_costs.draft_pass_seconds:  # a draft model's guesses sized by its pass widths' costs
+            self.proposer.guesser.pass_seconds = self.pass_costs.draft_pass_seconds
         self.controllers.clear()
         return self.pass_costs
 

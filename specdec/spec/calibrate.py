@@ -27,6 +27,7 @@ READ_CALIBRATION = 128  # tokens a draft model reads to time its reading of a pr
 class PassCosts:
     target_seconds: dict[int, float] = field(default_factory=dict)  # K drafted -> pass over K+1 tokens
     draft_seconds_per_token: float | None = None  # chain drafters that run a model
+    draft_pass_seconds: dict[int, float] = field(default_factory=dict)  # a draft model's pass by width (Guesser)
 
 
 def _timed(fn) -> float:
@@ -93,6 +94,10 @@ def measure_pass_costs(target: Runner, proposer: Proposer | None, max_k: int, fi
             # on: a pass width of its own (with --compile a graph of its own, ~5 s to compile)
             other = filler_token if drafted[0] != filler_token else filler_token + 1
             proposer.propose(context + [other, other], k, greedy, generator)
+        guesser = getattr(proposer, "guesser", None)
+        if guesser is not None:  # a pass with guesses: its widths, which size the guesses (Guesser.worth)
+            costs.draft_pass_seconds = draft_pass_costs(proposer.runner, context, guesser.tokens + 1, repeats)
+            proposer.reset([])  # its cache was emptied under it
         if hasattr(proposer, "upfront_seconds"):  # a lazily read prompt: time the draft's reading rate
             proposer.reset([])
             long_context = [filler_token] * min(READ_CALIBRATION, proposer.runner.max_len - k - 1)
@@ -103,6 +108,23 @@ def measure_pass_costs(target: Runner, proposer: Proposer | None, max_k: int, fi
     return costs
 
 
+
+def draft_pass_costs(runner: Runner, context: list[int], max_width: int, repeats: int) -> dict[int, float]:
+    """Best of `repeats` timings of a draft model's pass over 1 .. max_width tokens after
+    `context`, each row's logits wanted (as a pass with guesses wants them). Leaves the cache empty."""
+    runner.reset()
+    runner.extend(context, want_logits=False)
+    start, seconds = runner.length, {}
+
+    def one_pass(width: int) -> None:
+        runner.extend(context[-1:] * width, last_logits=width == 1)
+        runner.rollback(start)
+
+    for width in range(1, max_width + 1):
+        one_pass(width)
+        seconds[width] = min(_timed(lambda w=width: one_pass(w)) for _ in range(repeats))
+    runner.reset()
+    return seconds
 
 
 def measure_batch_costs(runner: BatchRunner, draft: BatchDraftModel | None, width: BatchDraftLength, max_batch: int,

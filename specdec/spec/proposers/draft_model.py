@@ -151,6 +151,9 @@ class DraftModelProposer:
                 stop = floor is not None and confidence < floor
                 if stop or i == len(guess) or token != guess[i] or len(tokens) == k:
                     break
+            if guess:  # guess i was checked unless the run stopped at a row past the guesses
+                checked = min(i + 1, len(guess))
+                self.guesser.observe(checked, checked - (i < len(guess) and token != guess[i]))
             # the cache keeps the guesses the draft drafted itself; its last draft is fed next
             unconfirmed = len(guess) - i
             if unconfirmed:
