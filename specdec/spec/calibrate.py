@@ -108,7 +108,6 @@ def measure_pass_costs(target: Runner, proposer: Proposer | None, max_k: int, fi
     return costs
 
 
-
 def draft_pass_costs(runner: Runner, context: list[int], max_width: int, repeats: int) -> dict[int, float]:
     """Best of `repeats` timings of a draft model's pass over 1 .. max_width tokens after
     `context`, each row's logits wanted (as a pass with guesses wants them). Leaves the cache empty."""

@@ -50,7 +50,7 @@ class Guesser:
     With the draft's pass times by width (pass_seconds, calibrated at load) a pass carries only
     the guesses worth their rows: the j-th, where the first j are kept often enough to repay
     what its row adds to the pass (each kept guess saves a draft pass). On an AMD EPYC Zen 3 a
-    4-bit 0.5B draft's 3- and 5-row passes cost 1.5x and 2.4x a 1-row one (AVX2, no VNNI), and
+    4-bit 0.5B draft's 3- and 4-row passes cost 1.5x and 2.1x a 1-row one (AVX2, no VNNI), and
     up to four guesses a pass left the Qwen pair's `draft` at 0.87-1.04x plain where two gave
     1.06-1.19x (stop 80)."""
 
