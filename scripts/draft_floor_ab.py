@@ -58,40 +58,30 @@ def decoder_for(target: str, variant: str):
         spec = importlib.util.spec_from_file_location("other_draft_length", variant[len("control:"):])
         other = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
         spec.loader.exec_module(other)
-        bank, names = decoder.engine.controllers, {f.name for f in dataclasses.fields(other.DraftLengthController)}
-
-        def made(new=bank.new):
-            controller = new()
-            return other.DraftLengthController(**{n: getattr(controller, n) for n in names if hasattr(controller, n)})
-
-        bank.new = made
+        names = {f.name for f in dataclasses.fields(other.DraftLengthController)}
+        remake_controllers(decoder, lambda c: other.DraftLengthController(
+            **{n: getattr(c, n) for n in names if hasattr(c, n)}))
     elif variant.startswith("prior:"):  # the default, its acceptance prior worth W drafts (prior:W or prior:W:DECAY)
-        bank, settings = decoder.engine.controllers, [float(v) for v in variant[len("prior:"):].split(":")]
-
-        def made(new=bank.new):
-            controller = new()
-            controller.prior_weight = settings[0]
-            if len(settings) > 1:
-                controller.decay = settings[1]
-            return controller
-
-        bank.new = made
+        settings = [float(v) for v in variant[len("prior:"):].split(":")]
+        remake_controllers(decoder, lambda c: dataclasses.replace(
+            c, prior_weight=settings[0], decay=settings[1] if len(settings) > 1 else c.decay))
     elif variant.startswith("file:"):
         spec = importlib.util.spec_from_file_location("other_draft_model", variant[len("file:"):])
         other = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(other)
         proposer = decoder.engine.proposer
         proposer.propose = types.MethodType(other.DraftModelProposer.propose, proposer)
-    elif variant != "learned" and fixed is None and not variant.startswith(("guess:", "control:", "prior:")):
-        bank = decoder.engine.controllers
-
-        def made(new=bank.new, gamma=float(variant)):
-            controller = new()
-            controller.calibration = FixedCalibration(gamma)
-            return controller
-
-        bank.new = made
+    elif variant != "learned" and fixed is None:
+        gamma = float(variant)
+        remake_controllers(decoder, lambda c: dataclasses.replace(c, calibration=FixedCalibration(gamma)))
     return decoder
+
+
+def remake_controllers(decoder, change) -> None:
+    """The decoder's new controllers (its bank's, made as the engine makes them) passed through change."""
+    bank = decoder.engine.controllers
+    new = bank.new
+    bank.new = lambda: change(new())
 
 
 def main() -> None:

@@ -69,9 +69,9 @@ def test_a_guesser_carries_only_the_guesses_worth_their_rows():
     for _ in range(200):  # code that copies its prompt: every guess kept
         guesser.observe(4, 4)
     assert guesser.worth() == 4
-    for _ in range(200):  # the first guess kept one time in ten, never the second
+    for i in range(200):  # the first guess kept one time in ten, never the second
         guesser.observe(2, 0)
-        if _ % 10 == 0:
+        if i % 10 == 0:
             guesser.observe(2, 1)
     assert guesser.worth() == 1  # 0.1 x 9 ms > 0.4 ms; the second's chance ~0
     guesser.pass_seconds = {1: 9.0, 2: 12.0, 3: 15.0}  # a row costs a third of a pass: none pays
@@ -89,7 +89,7 @@ def test_a_draft_models_guesses_are_sized_by_its_calibrated_pass_costs():
     assert all(t > 0 for t in guesser.pass_seconds.values())
     prompt = "def fibonacci(n):\n    # fibonacci numbers: fibonacci(0) = 0, fibonacci(1) = 1\n"
     sized = decoder.generate(prompt, max_new_tokens=32).token_ids
-    guesser.pass_seconds = {1: 1.0, 2: 1e-9 + 1.0, 3: 1.0 + 2e-9, 4: 1.0 + 3e-9, 5: 1.0 + 4e-9}  # every guess
+    guesser.pass_seconds = None  # unsized: every guess
     assert decoder.generate(prompt, max_new_tokens=32).token_ids == sized
     plain = specdec.load(method="none").generate(prompt, max_new_tokens=32).token_ids
     assert sized == plain
