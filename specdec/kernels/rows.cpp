@@ -217,7 +217,7 @@ __attribute__((always_inline)) inline void by_half_tiles(int64_t M, const Rows& 
 
 // Rows in tiles of 3 (the last of 2 or 4) for the kernels with a block's both halves and the rows inner
 // (rows(R, m0): R rows from m0, R a std::integral_constant), which take 2 to INNER_MAX_ROWS rows (past it a
-// half at a time was as fast; measured in avx2_nib_rows' comment)
+// half at a time was as fast; measured in avx2_inner_rows' comment)
 constexpr int64_t INNER_MAX_ROWS = 6;
 template <class Rows>
 __attribute__((always_inline)) inline void by_inner_tiles(int64_t M, const Rows& rows) {
@@ -1686,7 +1686,7 @@ __attribute__((always_inline)) inline __m256 group_step8(__m256 acc, __m256i dot
 // both halves in one pass over the block's groups (each 64-byte line read whole while it is in flight); more rows
 // a half at a time, the second reading what the first brought into the caches (both halves' sums for more rows
 // spill). Measured as below, one process, 5 rounds: 1 / 2 rows 50.8 / 54.0 -> 39.1 / 41.8 ms with both halves; 3-8
-// rows slower with both (8 rows 135 -> 165). 4-bit values' 2-3 rows: avx2_nib_rows.
+// rows slower with both (8 rows 135 -> 165). 4-bit values' 2-6 rows and Q6_K's 3-4: avx2_inner_rows.
 // The superblocks of R rows from m0, H halves from h0, of block blk: each superblock's int32 dots summed
 // over its groups by group_dots(g, dots), then VNNI's float steps in its order (the dots times the superblock
 // scales and the row's step, then the offsets, int16 pairs of two groups' each against the row's sums of 32
@@ -1749,7 +1749,37 @@ inline void avx2_super_rows(const QuantizedRows& xr, const int32_t* xpair, const
                                   m0, blk, h0, KG, K / S, group_dots);
 }
 
-// 2-4 rows (R) from m0 of both halves of block blk, 4-bit values (G = 32), the rows inner: each of a group's
+// Group g's products for rows 0 .. R - 1 and both halves of a block, values below 64 in groups of 16 (Q6_K's, six
+// bits a value: half_runs' SIX unpacking), the rows inner: two steps of 8 inputs, each unpacking a half's two
+// registers once for every row, whose two broadcasts serve both halves; a row's pair of products summed in int16
+// (at most 32,004) and scaled into its int32 dots at once (as half_dot: the same integers)
+template <int R>
+__attribute__((always_inline)) inline void six_group_dots(const uint8_t* wg, const int8_t* xq, int64_t K, int64_t g,
+                                                         const __m256i (&sc)[2], __m256i (&dots)[2][R]) {
+    constexpr int G = 16, H = 2;
+    const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    const auto at = [&](int64_t i) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + i)); };
+    for (int s = 0; s < 2; ++s) {  // steps 2s (low nibbles of run s) and 2s + 1 (its high), top bits from run 2
+        __m256i lo[H], hi[H];
+        for (int h = 0; h < H; ++h) {
+            const __m256i t = at(32 * h + 64 * s), b = at(32 * h + 128);
+            const __m256i b_lo = s == 0 ? _mm256_slli_epi16(b, 4) : b, b_hi = s == 0 ? _mm256_slli_epi16(b, 2) : _mm256_srli_epi16(b, 2);
+            lo[h] = _mm256_or_si256(_mm256_and_si256(t, low), _mm256_and_si256(b_lo, top));
+            hi[h] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(t, 4), low), _mm256_and_si256(b_hi, top));
+        }
+        for (int j = 0; j < R; ++j) {
+            const int8_t* xg = xq + j * K + g * G + 8 * s;
+            const __m256i x0 = broadcast4(xg), x1 = broadcast4(xg + 4);
+            for (int h = 0; h < H; ++h) {
+                const __m256i two = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], x0), _mm256_maddubs_epi16(hi[h], x1));
+                dots[h][j] = _mm256_add_epi32(dots[h][j], _mm256_madd_epi16(two, sc[h]));
+                in_order(dots[h][j]);
+            }
+        }
+    }
+}
+
+// R rows from m0 of both halves of block blk, 4-bit values (G = 32), the rows inner: each of a group's
 // four 32-byte runs of a half holds two steps (low and high nibbles), unpacked once and met by every row's
 // broadcasts (shared by the halves), each row's int16 sum of the group's eight steps held in a register (at
 // most 30,480; in_order keeps it there), scaled into int32 once a group. The same exact integers as
@@ -1761,21 +1791,35 @@ inline void avx2_super_rows(const QuantizedRows& xr, const int32_t* xpair, const
 // target 2 / 3 / 4 rows 0.93-0.97 / 0.85-0.91 / 0.89-0.95, draft 0.93 / 0.83 / 0.93 (4 rows in one tile
 // against a half at a time); tiles of 3 + 2 and 3 + 3 against a half at a time 0.96-0.98 (5 rows) and
 // 0.94-0.98 (6); 7-8 rows no faster (0.98-1.02), kept a half at a time.
-template <int S, int R, class Y>
-inline void avx2_nib_rows(const QuantizedRows& xr, const int32_t* xpair, const uint8_t* wb, const GroupScales& gs,
-                          const float* bias, Y* y, int64_t ldy, int64_t m0, int64_t blk, int64_t K) {
-    constexpr int G = 32, H = 2;
-    constexpr int64_t GB = group_bytes<G, true, false>();
+// SIX (values below 64 in groups of 16, Q6_K's: six_group_dots), the same integers and float steps, for 3 and 4
+// rows, which avx2_super_rows ran a half at a time, each row's broadcasts made once a half. Measured the same
+// way (stop 81): its Q6_K products (the output head, 152k x 1536; 14 layers' down projections) at 3 rows
+// 0.76-0.81 / 0.81-0.83x the time, 4 rows 0.82-0.86 / 0.79-0.88x; whole 3-token passes 0.89-0.90x; 5-6 rows as
+// tiles of 3 + 2 and 3 + 3 slower (1.07-1.11x, the head); 4 rows in one tile 0.79x the time of two tiles of 2;
+// 2 rows (both halves already) 0.98x, left as they were.
+template <bool SIX, int S, int R, class Y>
+inline void avx2_inner_rows(const QuantizedRows& xr, const int32_t* xpair, const uint8_t* wb, const GroupScales& gs,
+                            const float* bias, Y* y, int64_t ldy, int64_t m0, int64_t blk, int64_t K) {
+    constexpr int G = SIX ? 16 : 32, H = 2;
+    constexpr int64_t GB = group_bytes<G, !SIX, SIX>();
     const int64_t KG = K / G;
     const int8_t* scale = static_cast<const int8_t*>(gs.scale) + blk * KG * 16;
+    const auto scales = [&](int64_t g, int h) __attribute__((always_inline)) {  // each output's as an int16 pair
+        return int16_pairs(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + g * 16 + 8 * h))));
+    };
     const auto group_dots = [&](int64_t g, __m256i (&dots)[H][R]) __attribute__((always_inline)) {
         const uint8_t* wg = wb + g * GB * 16;
         for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
-        __m256i sums[H][R];
-        nib_group_sums<R>(wg, xr.q.data() + m0 * K, K, g, sums);
-        for (int h = 0; h < H; ++h) {
-            const __m256i sc = int16_pairs(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + g * 16 + 8 * h))));
-            for (int j = 0; j < R; ++j) dots[h][j] = _mm256_add_epi32(dots[h][j], _mm256_madd_epi16(sums[h][j], sc));
+        if constexpr (SIX) {
+            const __m256i sc[H] = {scales(g, 0), scales(g, 1)};
+            six_group_dots<R>(wg, xr.q.data() + m0 * K, K, g, sc, dots);
+        } else {
+            __m256i sums[H][R];
+            nib_group_sums<R>(wg, xr.q.data() + m0 * K, K, g, sums);
+            for (int h = 0; h < H; ++h) {
+                const __m256i sc = scales(g, h);
+                for (int j = 0; j < R; ++j) dots[h][j] = _mm256_add_epi32(dots[h][j], _mm256_madd_epi16(sums[h][j], sc));
+            }
         }
     };
     avx2_superblocks<S / G, R, H>(xr, xpair, gs, static_cast<const int8_t*>(gs.offset) + blk * KG * 16, bias, y, ldy,
@@ -1791,10 +1835,17 @@ void avx2_super_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupSc
     const int32_t* xpair = xr.pairs.data();
     #pragma omp for schedule(static) nowait
     for (int64_t blk = 0; blk < blocks; ++blk) {
+        if constexpr (SIX) {
+            if (M == 3 || M == 4) {  // the rows inner (avx2_inner_rows' comment)
+                if (M == 3) avx2_inner_rows<true, S, 3, Y>(xr, xpair, w + blk * 16 * ldw, gs, bias, y, ldy, 0, blk, K);
+                else avx2_inner_rows<true, S, 4, Y>(xr, xpair, w + blk * 16 * ldw, gs, bias, y, ldy, 0, blk, K);
+                continue;
+            }
+        }
         if constexpr (NIB) {
             if (M >= 2 && M <= INNER_MAX_ROWS) {  // the rows inner (see above), in tiles of 2-4 rows
                 by_inner_tiles(M, [&](auto r, int64_t m0) __attribute__((always_inline)) {
-                    avx2_nib_rows<S, decltype(r)::value, Y>(xr, xpair, w + blk * 16 * ldw, gs, bias, y, ldy, m0, blk, K);
+                    avx2_inner_rows<false, S, decltype(r)::value, Y>(xr, xpair, w + blk * 16 * ldw, gs, bias, y, ldy, m0, blk, K);
                 });
                 continue;
             }
@@ -1928,7 +1979,7 @@ void avx2_signed_glinear(const QuantizedRows& xr, const uint8_t* w, const GroupS
     }
 }
 
-// 2-4 rows from m0 of both halves, the rows inner (as avx2_nib_rows): each of a group's four 32-byte runs of
+// 2-4 rows from m0 of both halves, the rows inner (as avx2_inner_rows): each of a group's four 32-byte runs of
 // a half unpacked once and met by every row's broadcasts, shared by the halves; the same integers and float
 // steps, so the same bits. SmolLM2 int4 passes against a half at a time (scripts/stack_ab.py, one process): 3
 // tokens 0.925-0.950x the time, 4 tokens 0.917 / 0.947x. With in_order (stop 79), against the build before
