@@ -104,7 +104,7 @@ def test_q6k_packed_to_6_bits_gives_the_byte_layouts_bits_in_three_quarters_of_t
         return invariant.linear_grouped(rows, packed.q, packed.scale, packed.offset, 16, bits=6,
                                         scale_super=packed.scale_super, offset_super=packed.offset_super, columns=True)
     alone = torch.cat([six(x[i:i + 1]) for i in range(11)])
-    for m in (1, 2, 3, 4, 5, 8, 11):  # AVX2 takes 3 and 4 rows with the rows inner (rows.cpp avx2_six_rows)
+    for m in (1, 2, 3, 4, 5, 8, 11):  # AVX2 takes 3 and 4 rows with the rows inner (rows.cpp avx2_inner_rows<SIX>)
         want = invariant.linear_grouped(x[:m], byte_a_value.q, byte_a_value.scale, byte_a_value.offset, 16, bits=8,
                                         scale_super=byte_a_value.scale_super,
                                         offset_super=byte_a_value.offset_super, columns=True)
