@@ -1630,8 +1630,11 @@ inline __m256i half_dot(const __m256i* col, const int8_t* xg, __m256i sc) {
     return dots;
 }
 
-inline __m256i int16_pairs(__m128i v) {  // 8 int16 -> each twice: v0 v0 v1 v1 ... v7 v7
-    return _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
+// 8 int8 scales as int16, each twice (s0 s0 s1 s1 ... s7 s7: VPMADDWD's pairs): the bytes doubled, then widened,
+// two shuffles where widening first took four
+inline __m256i scale_pairs(const int8_t* p) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b, b));
 }
 
 // A tile's sums plus bias into y, rounded once: rows m0 .. m0 + R - 1, halves h0 .. h0 + H - 1 of block blk
@@ -1740,7 +1743,7 @@ inline void avx2_super_rows(const QuantizedRows& xr, const int32_t* xpair, const
         for (int h = 0; h < H; ++h) {
             __m256i col[P];
             half_runs<G, NIB, SIX>(wg + 32 * (h0 + h), col);
-            const __m256i sc = int16_pairs(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + g * 16 + 8 * (h0 + h)))));
+            const __m256i sc = scale_pairs(scale + g * 16 + 8 * (h0 + h));
             for (int j = 0; j < R; ++j)
                 dots[h][j] = _mm256_add_epi32(dots[h][j], half_dot<G, NIB>(col, xr.q.data() + (m0 + j) * K + g * G, sc));
         }
@@ -1804,20 +1807,17 @@ inline void avx2_inner_rows(const QuantizedRows& xr, const int32_t* xpair, const
     constexpr int64_t GB = group_bytes<G, !SIX, SIX>();
     const int64_t KG = K / G;
     const int8_t* scale = static_cast<const int8_t*>(gs.scale) + blk * KG * 16;
-    const auto scales = [&](int64_t g, int h) __attribute__((always_inline)) {  // each output's as an int16 pair
-        return int16_pairs(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + g * 16 + 8 * h))));
-    };
     const auto group_dots = [&](int64_t g, __m256i (&dots)[H][R]) __attribute__((always_inline)) {
         const uint8_t* wg = wb + g * GB * 16;
         for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
         if constexpr (SIX) {
-            const __m256i sc[H] = {scales(g, 0), scales(g, 1)};
+            const __m256i sc[H] = {scale_pairs(scale + g * 16), scale_pairs(scale + g * 16 + 8)};
             six_group_dots<R>(wg, xr.q.data() + m0 * K, K, g, sc, dots);
         } else {
             __m256i sums[H][R];
             nib_group_sums<R>(wg, xr.q.data() + m0 * K, K, g, sums);
             for (int h = 0; h < H; ++h) {
-                const __m256i sc = scales(g, h);
+                const __m256i sc = scale_pairs(scale + g * 16 + 8 * h);
                 for (int j = 0; j < R; ++j) dots[h][j] = _mm256_add_epi32(dots[h][j], _mm256_madd_epi16(sums[h][j], sc));
             }
         }
