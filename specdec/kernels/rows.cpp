@@ -2824,15 +2824,16 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
                 const int64_t c1 = std::min(P, c0 + CH);
                 convert_any<W>(wide, kg, c0, c1, hd, pos_stride, buf.data());
                 const auto within = [&](int64_t i) { return std::max<int64_t>(0, std::min(c1, shared[i]) - c0); };
-                for (int64_t i = 0; i < Q; ++i) {
+                for (int64_t i = 0; i < Q;) {
                     const int64_t n = within(i);
                     if (!wide && i + 3 <= Q && n > 0 && within(i + 1) == n && within(i + 2) == n) {  // three alike
                         score_three({query(i), query(i + 1), query(i + 2)}, buf.data(), n, hd, &scores[i * stride + c0],
                                     stride);
-                        i += 2;
-                    } else if (n > 0) {
-                        score_any<F32>(wide, query(i), buf.data(), nullptr, 0, n, hd, hd, &scores[i * stride + c0]);
+                        i += 3;
+                        continue;
                     }
+                    if (n > 0) score_any<F32>(wide, query(i), buf.data(), nullptr, 0, n, hd, hd, &scores[i * stride + c0]);
+                    ++i;
                 }
             }
             for (int64_t i = 0; i < Q; ++i) {  // each row's other keys, and the softmax
