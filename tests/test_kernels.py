@@ -341,13 +341,14 @@ def test_attention_by_counts_or_positions_gives_the_same_bits(name, dtype, hd):
 @pytest.mark.parametrize("name", ATTENTION.kernels)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("hd", [44, 64, 72, 128])  # a tail; 8 vectors (4 of 16 lanes); 8 and one more; 8 of 16
-def test_each_attention_row_has_the_bits_it_has_alone(name, dtype, hd):
-    """Rows of one sequence share the conversion of the keys each reads from position 0 (a verify
+@pytest.mark.parametrize("group", [3, 5])  # query heads a kv head: blocks of 6 and 3 queries; of 3, 2 and 1
+def test_each_attention_row_has_the_bits_it_has_alone(name, dtype, hd, group):
+    """Rows of one sequence share their reads of the keys each reads from position 0 (a verify
     pass's chain or tree over a long prefix, a prefill's causal rows); each row's output must still
     be what a call of that row alone gives. Two threads: a lone row's query heads then split into work
     items of one query, which read every key on their own."""
     g = torch.Generator().manual_seed(3)
-    B, nh, nkv, L = 2, 6, 2, 120
+    B, nh, nkv, L = 2, 2 * group, 2, 120
     k, v = (torch.randn(B, nkv, L, hd, generator=g).to(dtype) for _ in range(2))
     counts = [71, 72, 73, 74, 101, 0, 99, 100]  # per sequence: shared prefixes of 71 and 0 keys
     q = torch.randn(B, nh, 4, hd, generator=g).to(dtype)

@@ -2183,18 +2183,9 @@ inline void prefetch_head(const T* p, int64_t hd) {
     for (int64_t b = 0; b < hd * int64_t(sizeof(T)); b += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + b, _MM_HINT_T0);
 }
 
-// positions [c0, c1) of one kv head, converted to float32 (exactly) into buf [c1 - c0, hd]
-template <class W>
-inline void convert_keys(const typename W::T* kg, int64_t c0, int64_t c1, int64_t hd, int64_t pos_stride, float* buf) {
-    const int64_t h8 = hd & ~int64_t(7);
-    for (int64_t j = c0; j < c1; ++j) {
-        prefetch_head(kg + (j + c1 - c0) * pos_stride, hd);
-        const typename W::T* src = kg + j * pos_stride;
-        float* dst = buf + (j - c0) * hd;
-        for (int64_t d = 0; d < h8; d += 8) _mm256_storeu_ps(dst + d, W::load(src + d));
-        for (int64_t d = h8; d < hd; ++d) dst[d] = W::one(src + d);
-    }
-}
+// attend()'s shared chunks: CHUNK keys, and the 8-lane blocks ask for the next chunk's (CHUNK
+// positions on) as they read theirs
+constexpr int64_t CHUNK = 64;
 
 // scores[j] = q . key j for the keys [j0, j1) given by their rows in buf or their cache positions
 template <class W>
@@ -2213,23 +2204,20 @@ inline void score_keys(const float* qh, const typename W::T* kg, const int64_t* 
     }
 }
 
-// dots<F32, G>() for QB queries at once against G keys (float32 rows): each key's load serves every query, each
-// query's load every key; each (query, key) sum is dots()' instruction sequence, so its bits. With 3 queries and 4
-// keys a step, a stand-alone loop over a 64-key chunk in L1 (AMD EPYC Zen 3, head size 128) ran 34 GMAC/s a core
-// against dots<F32, 8>'s 18 (2 x 4: 24; 4 x 3 and 2 x 6, spilling: 18-20). attend() takes it for three queries that
-// read as many keys of a shared chunk (a grouped-query head's queries of a row), where the AVX2 code runs. Against
-// the build before, one process, the builds alternating: one layer's attention with Qwen2.5-Coder-1.5B's heads (12 /
-// 2) after 2,000 keys 0.85x / 0.94x the time at 1 / 4 rows (SmolLM2's 9 / 3: 0.99x); whole passes after 2,000 /
-// 4,000 cached tokens T=1 0.95 / 0.98x, T=3 0.98 / 0.97x, T=4 0.98 / 1.00x. Same bits.
-template <int QB, int G>
-inline void dots_block(const float* const* q, const float* const* k, int64_t hd, float* const* out) {
+// dots<W, G>() for QB queries at once against G keys: each key vector's load (and widening) serves every query,
+// each query's load every key; each (query, key) sum is dots()' instruction sequence, so its bits. attend()'s
+// 8-lane code scores a shared chunk's keys this way, straight from the cache: six queries by two keys (a row's
+// grouped-query heads: Qwen2.5-Coder's six) or three by four (a stand-alone loop over float32 keys in L1, AMD EPYC
+// Zen 3, head size 128: 34 GMAC/s a core against dots<F32, 8>'s 18; 2 x 4: 24; 4 x 3 and 2 x 6, spilling: 18-20).
+template <class W, int QB, int G>
+inline void dots_block(const float* const* q, const typename W::T* const* k, int64_t hd, float* const* out) {
     __m256 acc[QB][G];
     for (int a = 0; a < QB; ++a)
         for (int i = 0; i < G; ++i) acc[a][i] = _mm256_setzero_ps();
     const int64_t h8 = hd & ~int64_t(7);
     for (int64_t d = 0; d < h8; d += 8) {
         __m256 kv[G];
-        for (int i = 0; i < G; ++i) kv[i] = _mm256_loadu_ps(k[i] + d);
+        for (int i = 0; i < G; ++i) kv[i] = W::load(k[i] + d);
         for (int a = 0; a < QB; ++a) {
             const __m256 qv = _mm256_loadu_ps(q[a] + d);
             for (int i = 0; i < G; ++i) acc[a][i] = _mm256_fmadd_ps(qv, kv[i], acc[a][i]);
@@ -2238,22 +2226,53 @@ inline void dots_block(const float* const* q, const float* const* k, int64_t hd,
     for (int a = 0; a < QB; ++a)
         for (int i = 0; i < G; ++i) {
             float s = hsum(acc[a][i]);
-            for (int64_t d = h8; d < hd; ++d) s = fmaf(q[a][d], k[i][d], s);
+            for (int64_t d = h8; d < hd; ++d) s = fmaf(q[a][d], W::one(k[i] + d), s);
             out[a][i] = s;
         }
 }
 
-// scores[a * stride + j] = q[a] . key j for 3 queries and the keys [0, n) of a float32 chunk (key j at buf + j *
-// hd): dots_block four keys at a time, the rest one at a time (score_keys' sums, so its bits)
-inline void score_three(const float* const (&q)[3], const float* buf, int64_t n, int64_t hd, float* scores,
-                        int64_t stride) {
+// scores[a * stride + j] = q[a] . key j for QB queries and the keys [0, n) at kg (key j at kg + j * pos_stride):
+// dots_block G keys at a time, the rest one at a time (score_keys' sums, so its bits)
+template <class W, int QB, int G>
+inline void score_block(const float* const* q, const typename W::T* kg, int64_t n, int64_t hd, int64_t pos_stride,
+                        float* scores, int64_t stride, int64_t ahead) {
     int64_t j = 0;
-    for (; j + 4 <= n; j += 4) {
-        const float* keys[4] = {buf + j * hd, buf + (j + 1) * hd, buf + (j + 2) * hd, buf + (j + 3) * hd};
-        float* out[3] = {scores + j, scores + stride + j, scores + 2 * stride + j};
-        dots_block<3, 4>(q, keys, hd, out);
+    for (; j + G <= n; j += G) {
+        for (int i = 0; i < G && j + i < ahead; ++i) prefetch_head(kg + (j + i + CHUNK) * pos_stride, hd);
+        const typename W::T* keys[G];
+        for (int i = 0; i < G; ++i) keys[i] = kg + (j + i) * pos_stride;
+        float* out[QB];
+        for (int a = 0; a < QB; ++a) out[a] = scores + a * stride + j;
+        dots_block<W, QB, G>(q, keys, hd, out);
     }
-    for (int a = 0; a < 3; ++a) score_keys<F32>(q[a], buf, nullptr, j, n, hd, hd, scores + a * stride);
+    for (int a = 0; a < QB; ++a) score_keys<W>(q[a], kg, nullptr, j, n, hd, pos_stride, scores + a * stride);
+}
+
+// acc[a][d] += sum_j p[a][j] * v_j[d] for QB queries over the keys [0, n) at vg in order, 8C of d at a time: each
+// value vector widened once for every query; each (query, d) sum is weigh_lanes' sequence, so its bits
+template <class W, int QB, int C>
+inline void weigh_block(const float* const* p, const typename W::T* vg, int64_t n, int64_t hd, int64_t pos_stride,
+                        float* const* acc, int64_t ahead) {
+    constexpr int64_t KEYS = 16;  // a few keys at a time stay in L1 across the d steps (64: 0.94-1.08x the time)
+    for (int64_t j0 = 0; j0 < n; j0 += KEYS) {
+        const int64_t j1 = std::min(n, j0 + KEYS);
+        for (int64_t j = j0; j < j1 && j < ahead; ++j) prefetch_head(vg + (j + CHUNK) * pos_stride, hd);
+        for (int64_t d0 = 0; d0 < hd; d0 += 8 * C) {
+            __m256 a[QB][C];
+            for (int b = 0; b < QB; ++b)
+                for (int c = 0; c < C; ++c) a[b][c] = _mm256_loadu_ps(acc[b] + d0 + 8 * c);
+            for (int64_t j = j0; j < j1; ++j) {
+                __m256 vv[C];
+                for (int c = 0; c < C; ++c) vv[c] = W::load(vg + j * pos_stride + d0 + 8 * c);
+                for (int b = 0; b < QB; ++b) {
+                    const __m256 pj = _mm256_set1_ps(p[b][j]);
+                    for (int c = 0; c < C; ++c) a[b][c] = _mm256_fmadd_ps(pj, vv[c], a[b][c]);
+                }
+            }
+            for (int b = 0; b < QB; ++b)
+                for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc[b] + d0 + 8 * c, a[b][c]);
+        }
+    }
 }
 
 // acc[0 .. 8C) += sum_j p[j] * v_j[d0 .. d0 + 8C) over the keys [j0, j1) in order, C vectors in registers
@@ -2686,14 +2705,13 @@ inline void score_any(bool wide, const float* qh, const typename W::T* kg, const
 #endif
     score_keys<W>(qh, kg, at, j0, j1, hd, pos_stride, scores);
 }
+#ifdef SPECDEC_AMX
 template <class W>
 inline void convert_any(bool wide, const typename W::T* kg, int64_t c0, int64_t c1, int64_t hd, int64_t pos_stride,
                         float* buf) {
-#ifdef SPECDEC_AMX
-    if (wide) return convert_keys16<W>(kg, c0, c1, hd, pos_stride, buf);
-#endif
-    convert_keys<W>(kg, c0, c1, hd, pos_stride, buf);
+    if (wide) convert_keys16<W>(kg, c0, c1, hd, pos_stride, buf);
 }
+#endif
 template <class W>
 inline void weigh_any(bool wide, const float* p, const typename W::T* vg, const int64_t* at, int64_t j0, int64_t j1,
                       int64_t hd, int64_t pos_stride, float* acc) {
@@ -2745,17 +2763,19 @@ inline float softmax_any(bool wide, float* sc, int64_t n, float scale) {
 // index[start[r] .. start[r] + count[r]) when index is given, else 0 .. count[r]. out [rows, nh, hd].
 // Every (row, head) gets the same instructions over its keys in order whatever the rest of the call
 // holds: its scores, softmax and weighted sum of values. The query vectors of a work item (the
-// query heads of one kv head over rows of one sequence) only share the conversion of the keys and
-// values they read from position 0 on to float32 (exact), CH at a time, each query taking the part
-// of a chunk within its own prefix: a verify pass, a prefill chunk's causal rows and a grouped-query
-// head's heads read those once, not once a row and head. The rest of a row's keys (a tree's own
-// rows) are read from the cache as they come.
+// query heads of one kv head over rows of one sequence) only share their reads of the keys and
+// values from position 0 on, CH at a time, each query taking the part of a chunk within its own
+// prefix: the 8-lane code takes up to six queries that read as many keys of a chunk together, each
+// key and value vector loaded and widened (exactly) once for all of them (score_block, weigh_block);
+// the 16-lane code converts a chunk to float32 once for all its queries. So a verify pass, a prefill
+// chunk's causal rows and a grouped-query head's heads read those once, not once a row and head.
+// The rest of a row's keys (a tree's own rows) are read from the cache as they come.
 template <class W, class Y>
 void attend(const float* q, const typename W::T* k, const typename W::T* v, const int64_t* base,
             const int64_t* count, const int64_t* start, const int64_t* index, Y* out,
             int64_t rows, int64_t nh, int64_t nkv, int64_t hd, int64_t pos_stride, int64_t head_stride,
             float scale) {
-    constexpr int64_t CH = 64;  // even: a shared chunk's keys keep their positions' parity (weigh_lanes16)
+    constexpr int64_t CH = CHUNK;  // even: a shared chunk's keys keep their positions' parity (weigh_lanes16)
     static_assert(CH % 2 == 0, "chunks of an even number of keys");
     const int64_t group = nh / nkv;
     std::vector<int64_t> run_start, prefix;
@@ -2777,7 +2797,7 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
     const int64_t parts = queries >= 16 ? std::max<int64_t>(1, (2 * threads + items - 1) / items)
                                         : std::max<int64_t>(1, (threads + items - 1) / items);
     {
-        std::vector<float> scores, acc, inv, buf(CH * hd);
+        std::vector<float> scores, acc, inv, buf(wide ? CH * hd : 0);  // buf: the 16-lane code's float32 chunk
         std::vector<int64_t> shared;
 #ifdef SPECDEC_AMX
         std::vector<PairQuery<Y>> pq;
@@ -2820,19 +2840,42 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
             int64_t P = 0;
             if (Q > 1)
                 for (int64_t i = 0; i < Q; ++i) P = std::max(P, shared[i] = prefix[row(i)]);
+            // query i's keys in the chunk at c0, and how many queries from i on (up to 6) read as many
+            const auto within = [&](int64_t i, int64_t c0) { return std::max<int64_t>(0, std::min(c0 + CH, shared[i]) - c0); };
+            const auto alike_from = [&](int64_t i, int64_t c0) {
+                int64_t a = 1;
+                while (i + a < Q && a < 6 && within(i + a, c0) == within(i, c0)) ++a;
+                return a;
+            };
             for (int64_t c0 = 0; c0 < P; c0 += CH) {  // the shared keys
                 const int64_t c1 = std::min(P, c0 + CH);
+                // the 8-lane code reads the cache itself (bfloat16 widened in registers: the same values). Its
+                // float32 copy cost a store a vector, and its reads from memory overlapped nothing. Against that
+                // copy (AMD EPYC Zen 3, 2 threads, one process, builds alternating, same bits): 28 layers of
+                // Qwen2.5-Coder's heads after 200 / 1,000 / 4,000 keys 0.63 / 0.73 / 0.81x the time at 1 row,
+                // 0.72-0.84x at 2-8 rows (SmolLM2's 0.78-0.93x); whole passes after 4,000 cached tokens T=1 / 3 /
+                // 4 0.93 / 0.92 / 0.97x
+#ifdef SPECDEC_AMX
                 convert_any<W>(wide, kg, c0, c1, hd, pos_stride, buf.data());
-                const auto within = [&](int64_t i) { return std::max<int64_t>(0, std::min(c1, shared[i]) - c0); };
+#endif
+                const typename W::T* ck = kg + c0 * pos_stride;
                 for (int64_t i = 0; i < Q;) {
-                    const int64_t n = within(i);
-                    if (!wide && i + 3 <= Q && n > 0 && within(i + 1) == n && within(i + 2) == n) {  // three alike
-                        score_three({query(i), query(i + 1), query(i + 2)}, buf.data(), n, hd, &scores[i * stride + c0],
-                                    stride);
-                        i += 3;
+                    const int64_t n = within(i, c0), alike = alike_from(i, c0);
+                    // the first block asks for the next chunk's keys as it goes (a burst of requests at a
+                    // chunk's start stalled the loads: 1.0-1.2x the time)
+                    const int64_t ahead = !wide && i == 0 && n == CH ? std::min(CH, P - c1) : 0;
+                    if (!wide && n > 0 && alike >= 3) {
+                        const float* qs[6];
+                        for (int64_t a = 0; a < alike; ++a) qs[a] = query(i + a);
+                        float* sc = &scores[i * stride + c0];
+                        if (alike == 6) score_block<W, 6, 2>(qs, ck, n, hd, pos_stride, sc, stride, ahead);
+                        else score_block<W, 3, 4>(qs, ck, n, hd, pos_stride, sc, stride, ahead);
+                        i += alike == 6 ? 6 : 3;
                         continue;
                     }
-                    if (n > 0) score_any<F32>(wide, query(i), buf.data(), nullptr, 0, n, hd, hd, &scores[i * stride + c0]);
+                    for (int64_t j = 0; j < ahead; ++j) prefetch_head(ck + (CH + j) * pos_stride, hd);
+                    if (n > 0 && wide) score_any<F32>(wide, query(i), buf.data(), nullptr, 0, n, hd, hd, &scores[i * stride + c0]);
+                    else if (n > 0) score_keys<W>(query(i), ck, nullptr, 0, n, hd, pos_stride, &scores[i * stride + c0]);
                     ++i;
                 }
             }
@@ -2845,11 +2888,28 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
             }
             for (int64_t c0 = 0; c0 < P; c0 += CH) {  // the shared values
                 const int64_t c1 = std::min(P, c0 + CH);
+#ifdef SPECDEC_AMX
                 convert_any<W>(wide, vg, c0, c1, hd, pos_stride, buf.data());
-                for (int64_t i = 0; i < Q; ++i)
-                    if (shared[i] > c0)
-                        weigh_any<F32>(wide, &scores[i * stride + c0], buf.data(), nullptr, 0, std::min(c1, shared[i]) - c0,
-                                       hd, hd, &acc[i * AH]);
+#endif
+                const typename W::T* cv = vg + c0 * pos_stride;
+                for (int64_t i = 0; i < Q;) {
+                    const int64_t n = within(i, c0), alike = alike_from(i, c0);
+                    const int64_t ahead = !wide && i == 0 && n == CH ? std::min(CH, P - c1) : 0;
+                    if (!wide && n > 0 && alike >= 2 && hd % 32 == 0) {
+                        const float* ps[6];
+                        float* as[6];
+                        for (int64_t a = 0; a < alike; ++a) ps[a] = &scores[(i + a) * stride + c0], as[a] = &acc[(i + a) * AH];
+                        if (alike == 6) weigh_block<W, 6, 2>(ps, cv, n, hd, pos_stride, as, ahead);
+                        else if (alike >= 3) weigh_block<W, 3, 2>(ps, cv, n, hd, pos_stride, as, ahead);
+                        else weigh_block<W, 2, 4>(ps, cv, n, hd, pos_stride, as, ahead);
+                        i += alike == 6 ? 6 : alike >= 3 ? 3 : 2;
+                        continue;
+                    }
+                    for (int64_t j = 0; j < ahead; ++j) prefetch_head(cv + (CH + j) * pos_stride, hd);
+                    if (n > 0 && wide) weigh_any<F32>(wide, &scores[i * stride + c0], buf.data(), nullptr, 0, n, hd, hd, &acc[i * AH]);
+                    else if (n > 0) weigh_values<W>(&scores[i * stride + c0], cv, nullptr, 0, n, hd, pos_stride, &acc[i * AH]);
+                    ++i;
+                }
             }
             for (int64_t i = 0; i < Q; ++i) {
                 const int64_t r = row(i), n = count[r];
