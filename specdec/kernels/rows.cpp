@@ -2204,34 +2204,6 @@ inline void score_keys(const float* qh, const typename W::T* kg, const int64_t* 
     }
 }
 
-// hsum() of 8 / 4 vectors at once, out in order: the same pairs added in the same tree (lanes i and i + 4, then
-// i and i + 2, then the last two), two to four vectors' sums in each instruction, so each sum has hsum()'s bits
-// at under half its instructions (attention's scores 0.96-0.99x the time against hsum() each, AMD EPYC Zen 3)
-inline __m256 halves_added(__m256 a, __m256 b) {  // [a's lanes i + i+4 | b's]
-    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-}
-inline __m256 quarters_added(__m256 x, __m256 y) {  // per half: [x's 0+2, 1+3, y's 0+2, 1+3]
-    return _mm256_add_ps(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
-}
-inline __m256 pairs_added(__m256 x, __m256 y) {  // per half: [x's 0+1, 2+3, y's 0+1, 2+3]
-    return _mm256_add_ps(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-template <int N>
-inline void hsums(const __m256* v, float* out) {
-    static_assert(N % 4 == 0, "sums four at a time");
-    int n = 0;
-    for (; n + 8 <= N; n += 8) {  // lanes [0, 2, 4, 6 | 1, 3, 5, 7] of the 8, then put in order
-        const __m256 r = pairs_added(quarters_added(halves_added(v[n], v[n + 1]), halves_added(v[n + 2], v[n + 3])),
-                                     quarters_added(halves_added(v[n + 4], v[n + 5]), halves_added(v[n + 6], v[n + 7])));
-        _mm256_storeu_ps(out + n, _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    }
-    if (n < N) {  // lanes [0, 2, 0, 2 | 1, 3, 1, 3] of the 4
-        const __m256 y = quarters_added(halves_added(v[n], v[n + 1]), halves_added(v[n + 2], v[n + 3]));
-        const __m256 r = pairs_added(y, y);
-        _mm_storeu_ps(out + n, _mm_unpacklo_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1)));
-    }
-}
-
 // dots<W, G>() for QB queries at once against G keys: each key vector's load (and widening) serves every query,
 // each query's load every key; each (query, key) sum is dots()' instruction sequence, so its bits. attend()'s
 // 8-lane code scores a shared chunk's keys this way, straight from the cache: six queries by two keys (a row's
@@ -2251,11 +2223,9 @@ inline void dots_block(const float* const* q, const typename W::T* const* k, int
             for (int i = 0; i < G; ++i) acc[a][i] = _mm256_fmadd_ps(qv, kv[i], acc[a][i]);
         }
     }
-    alignas(32) float sums[QB * G];
-    hsums<QB * G>(&acc[0][0], sums);
     for (int a = 0; a < QB; ++a)
         for (int i = 0; i < G; ++i) {
-            float s = sums[a * G + i];
+            float s = hsum(acc[a][i]);
             for (int64_t d = h8; d < hd; ++d) s = fmaf(q[a][d], W::one(k[i] + d), s);
             out[a][i] = s;
         }
