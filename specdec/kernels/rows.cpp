@@ -2174,10 +2174,9 @@ inline void row_runs(const int64_t* base, const int64_t* count, const int64_t* s
     }
 }
 
-// One position's head of hd values asked for ahead: a chunk's conversion asks for the next chunk's
-// same positions, which then arrive while this chunk's scores or weighted values are worked out
-// (a kv head's positions lie a position's stride apart, the other heads' between them, which the
-// hardware prefetcher followed poorly)
+// One position's head of hd values asked for ahead: a chunk's reads ask for the next chunk's same
+// positions, which then arrive while this chunk's scores or weighted values are worked out (in the
+// 8-lane code, 1,000 keys: 0.96-0.98x the time against none)
 template <class T>
 inline void prefetch_head(const T* p, int64_t hd) {
     for (int64_t b = 0; b < hd * int64_t(sizeof(T)); b += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + b, _MM_HINT_T0);
@@ -2852,8 +2851,8 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
                 // the 8-lane code reads the cache itself (bfloat16 widened in registers: the same values). Its
                 // float32 copy cost a store a vector, and its reads from memory overlapped nothing. Against that
                 // copy (AMD EPYC Zen 3, 2 threads, one process, builds alternating, same bits): 28 layers of
-                // Qwen2.5-Coder's heads after 200 / 1,000 / 4,000 keys 0.63 / 0.73 / 0.81x the time at 1 row,
-                // 0.72-0.84x at 2-8 rows (SmolLM2's 0.78-0.93x); whole passes after 4,000 cached tokens T=1 / 3 /
+                // Qwen2.5-Coder's heads after 200 / 1,000 / 4,000 keys 0.76 / 0.70 / 0.86x the time at 1 row,
+                // 0.78-0.92x at 2-8 rows (SmolLM2's 0.74-0.89x); whole passes after 4,000 cached tokens T=1 / 3 /
                 // 4 0.93 / 0.92 / 0.97x
 #ifdef SPECDEC_AMX
                 convert_any<W>(wide, kg, c0, c1, hd, pos_stride, buf.data());
