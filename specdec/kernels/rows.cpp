@@ -2206,8 +2206,9 @@ inline void score_keys(const float* qh, const typename W::T* kg, const int64_t* 
 // dots<W, G>() for QB queries at once against G keys: each key vector's load (and widening) serves every query,
 // each query's load every key; each (query, key) sum is dots()' instruction sequence, so its bits. attend()'s
 // 8-lane code scores a shared chunk's keys this way, straight from the cache: six queries by two keys (a row's
-// grouped-query heads: Qwen2.5-Coder's six) or three by four (a stand-alone loop over float32 keys in L1, AMD EPYC
-// Zen 3, head size 128: 34 GMAC/s a core against dots<F32, 8>'s 18; 2 x 4: 24; 4 x 3 and 2 x 6, spilling: 18-20).
+// grouped-query heads: Qwen2.5-Coder's six; as two blocks of three by four, 1.14-1.27x the time, AMD EPYC Zen 3)
+// or three by four (a stand-alone loop over float32 keys in L1, head size 128: 34 GMAC/s a core against
+// dots<F32, 8>'s 18).
 template <class W, int QB, int G>
 inline void dots_block(const float* const* q, const typename W::T* const* k, int64_t hd, float* const* out) {
     __m256 acc[QB][G];
@@ -2248,7 +2249,8 @@ inline void score_block(const float* const* q, const typename W::T* kg, int64_t 
 }
 
 // acc[a][d] += sum_j p[a][j] * v_j[d] for QB queries over the keys [0, n) at vg in order, 8C of d at a time: each
-// value vector widened once for every query; each (query, d) sum is weigh_lanes' sequence, so its bits
+// value vector widened once for every query (six queries as two blocks of three: 1.05-1.08x the time); each
+// (query, d) sum is weigh_lanes' sequence, so its bits
 template <class W, int QB, int C>
 inline void weigh_block(const float* const* p, const typename W::T* vg, int64_t n, int64_t hd, int64_t pos_stride,
                         float* const* acc, int64_t ahead) {
