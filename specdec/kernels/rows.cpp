@@ -2863,7 +2863,7 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
                 for (int64_t i = 0; i < Q;) {
                     const int64_t n = within(i, c0), alike = alike_from(i, c0);
                     // the first block asks for the next chunk's keys as it goes (a burst of requests at a
-                    // chunk's start stalled the loads: 1.0-1.2x the time)
+                    // chunk's start took 1.0-1.2x the time, measured in a position-major test layout)
                     const int64_t ahead = !wide && i == 0 && n == CH ? std::min(CH, P - c1) : 0;
                     if (!wide && n > 0 && alike >= 3) {
                         const float* qs[6];
@@ -2896,6 +2896,8 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
                 for (int64_t i = 0; i < Q;) {
                     const int64_t n = within(i, c0), alike = alike_from(i, c0);
                     const int64_t ahead = !wide && i == 0 && n == CH ? std::min(CH, P - c1) : 0;
+                    // weigh_block steps through 16 values at a time (32 for two queries); other head sizes take
+                    // the one-query code, reading and widening the values once a query
                     if (!wide && n > 0 && alike >= 2 && hd % 32 == 0) {
                         const float* ps[6];
                         float* as[6];
