@@ -2186,7 +2186,7 @@ inline void prefetch_head(const T* p, int64_t hd) {
 // positions on) as they read theirs
 constexpr int64_t CHUNK = 64;
 
-// scores[j] = q . key j for the keys [j0, j1) given by their rows in buf or their cache positions
+// scores[j] = q . key j for the keys [j0, j1) given by their cache positions (at), or j's row of kg
 template <class W>
 inline void score_keys(const float* qh, const typename W::T* kg, const int64_t* at, int64_t j0, int64_t j1,
                        int64_t hd, int64_t pos_stride, float* scores) {
@@ -2450,7 +2450,8 @@ AVX512_TARGET float softmax16(float* sc, int64_t n, float scale) {
     return 1.0f / hsum(_mm256_add_ps(_mm512_castps512_ps256(sum), high));
 }
 
-// convert_keys() 16 lanes at a time (the same values)
+// positions [c0, c1) of one kv head, converted to float32 (exactly) into buf [c1 - c0, hd], 16 lanes at a time
+// (the 16-lane attention's shared chunks; the 8-lane code reads the cache itself)
 template <class W>
 AVX512_TARGET void convert_keys16(const typename W::T* kg, int64_t c0, int64_t c1, int64_t hd, int64_t pos_stride,
                                   float* buf) {
@@ -2706,13 +2707,6 @@ inline void score_any(bool wide, const float* qh, const typename W::T* kg, const
 #endif
     score_keys<W>(qh, kg, at, j0, j1, hd, pos_stride, scores);
 }
-#ifdef SPECDEC_AMX
-template <class W>
-inline void convert_any(bool wide, const typename W::T* kg, int64_t c0, int64_t c1, int64_t hd, int64_t pos_stride,
-                        float* buf) {
-    if (wide) convert_keys16<W>(kg, c0, c1, hd, pos_stride, buf);
-}
-#endif
 template <class W>
 inline void weigh_any(bool wide, const float* p, const typename W::T* vg, const int64_t* at, int64_t j0, int64_t j1,
                       int64_t hd, int64_t pos_stride, float* acc) {
@@ -2857,7 +2851,7 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
                 // 0.78-0.92x at 2-8 rows (SmolLM2's 0.74-0.89x); whole passes after 4,000 cached tokens T=1 / 3 /
                 // 4 0.93 / 0.92 / 0.97x
 #ifdef SPECDEC_AMX
-                convert_any<W>(wide, kg, c0, c1, hd, pos_stride, buf.data());
+                if (wide) convert_keys16<W>(kg, c0, c1, hd, pos_stride, buf.data());
 #endif
                 const typename W::T* ck = kg + c0 * pos_stride;
                 for (int64_t i = 0; i < Q;) {
@@ -2890,7 +2884,7 @@ void attend(const float* q, const typename W::T* k, const typename W::T* v, cons
             for (int64_t c0 = 0; c0 < P; c0 += CH) {  // the shared values
                 const int64_t c1 = std::min(P, c0 + CH);
 #ifdef SPECDEC_AMX
-                convert_any<W>(wide, vg, c0, c1, hd, pos_stride, buf.data());
+                if (wide) convert_keys16<W>(vg, c0, c1, hd, pos_stride, buf.data());
 #endif
                 const typename W::T* cv = vg + c0 * pos_stride;
                 for (int64_t i = 0; i < Q;) {
