@@ -440,7 +440,7 @@ DP_TARGET inline void dp_epilogue4x4(__m512 s, uint16_t* y, int64_t ldy, const E
     for (int r = 0; r < 4; ++r) memcpy(y + r * ldy, rows + r, 8);
 }
 
-template <int R, int C, class Y>
+template <int R, int C, int PREFETCH, class Y>
 DP_TARGET inline void dp_tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t K, Y* y, int64_t ldy,
                               const Epilogue& e, int64_t n0) {
     __m512 acc[R][C];
@@ -448,10 +448,14 @@ DP_TARGET inline void dp_tile(const uint16_t* x, int64_t ldx, const uint16_t* w,
         for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
     // the next tile's weights (the C rows after these) asked for while this one runs, as in tile();
     // from 3 rows the tile after it (a tile's time then exceeds the memory's latency at one ahead:
-    // SmolLM2 bf16 8- / 4-token passes 0.95x / 0.98x, AMD EPYC Zen 5; three ahead gained less)
+    // SmolLM2 bf16 8- / 4-token passes 0.95x / 0.98x, AMD EPYC Zen 5; three ahead gained less).
+    // PREFETCH 1: into L1; 2: into L2 only; 0: none (dp_linear's prefetch levels)
     const char* next = reinterpret_cast<const char*>(w + (R >= 3 ? 2 : 1) * C * K);
     for (int64_t k = 0; k < K; k += 32) {
-        for (int c = 0; c < C; ++c) _mm_prefetch(next + k / 32 * C * 64 + c * 64, _MM_HINT_T0);
+        if constexpr (PREFETCH == 1)
+            for (int c = 0; c < C; ++c) _mm_prefetch(next + k / 32 * C * 64 + c * 64, _MM_HINT_T0);
+        if constexpr (PREFETCH == 2)
+            for (int c = 0; c < C; ++c) _mm_prefetch(next + k / 32 * C * 64 + c * 64, _MM_HINT_T1);
         __m512bh wv[C];
         for (int c = 0; c < C; ++c) wv[c] = (__m512bh)_mm512_loadu_si512(w + c * K + k);
         for (int r = 0; r < R; ++r) {
@@ -467,7 +471,7 @@ DP_TARGET inline void dp_tile(const uint16_t* x, int64_t ldx, const uint16_t* w,
         for (int c = 0; c < C; ++c) store(y + r * ldy + c, e.apply(hsum16(acc[r][c]), n0 + c));
 }
 
-template <int R, class Y>
+template <int R, int PREFETCH, class Y>
 DP_TARGET inline void dp_rows(const uint16_t* x, const uint16_t* w, int64_t K, Y* y, int64_t ldy, int64_t n0,
                               int64_t n1, const Epilogue& e) {
     // R x C accumulators, C weights and one input within 32 registers. Fewer columns for fewer rows:
@@ -476,13 +480,22 @@ DP_TARGET inline void dp_rows(const uint16_t* x, const uint16_t* w, int64_t K, Y
     // time of 8 interleaved weight rows (bench/results/dp_columns_stop63.txt). Each output's sum is
     // the same sequence whatever C is: the same bits.
     constexpr int C = R >= 4 ? 4 : R == 3 ? 2 : 1;
-    by_column_tiles<C>(n0, n1, [&](auto c, int64_t n) __attribute__((always_inline)) { dp_tile<R, decltype(c)::value>(x, K, w + n * K, K, y + n, ldy, e, n); });
+    by_column_tiles<C>(n0, n1, [&](auto c, int64_t n) __attribute__((always_inline)) { dp_tile<R, decltype(c)::value, PREFETCH>(x, K, w + n * K, K, y + n, ldy, e, n); });
 }
 
+// Where dp_tile asks for the weights ahead (set_dp_prefetch, chosen by timing: variants.py): 0 into L1
+// from every row tile; 1 into L2 only (L1 then keeps x and the weights in use; the cores' own
+// prefetchers bring them on), and from a column tile's first row tile alone (the later row tiles
+// read its weights from L1: the requests only took issue slots from the dot products). AMD EPYC Zen 4,
+// 2 threads, SmolLM2's layer stack (scripts/stack_ab.py): 1 / 2 / 4-token passes 0.89-0.91x the
+// time, 5 / 8 / 16-token 0.78 / 0.80 / 0.89x; only speed differs, never a bit.
+int dp_prefetch = 0;
+
 // y = x @ w.T, x bfloat16 [M, K] with K % 32 == 0; column blocks of NB outputs as in linear_columns
-template <class Y>
-DP_TARGET void dp_linear(const uint16_t* x, const uint16_t* w, const Epilogue& e, Y* y, int64_t M, int64_t N,
-                         int64_t K, int64_t ldy) {
+template <int LEVEL, class Y>
+DP_TARGET void dp_linear_at(const uint16_t* x, const uint16_t* w, const Epilogue& e, Y* y, int64_t M, int64_t N,
+                            int64_t K, int64_t ldy) {
+    constexpr int FIRST = LEVEL == 1 ? 2 : 1, LATER = LEVEL == 1 ? 0 : 1;  // dp_tile's PREFETCH
     const int64_t blocks = (N + NB - 1) / NB;
     #pragma omp for schedule(static) nowait
     for (int64_t b = 0; b < blocks; ++b) {
@@ -490,15 +503,27 @@ DP_TARGET void dp_linear(const uint16_t* x, const uint16_t* w, const Epilogue& e
         // Past 4 rows, all row tiles go through each 4-column tile while its weights are in L1 (a
         // 32-column block of them is not: each row tile read it again from L2; 5-64 tokens 0.87-0.93x)
         if (M <= 4) {
-            by_row_tiles(M, [&](auto r, int64_t m) __attribute__((always_inline)) { dp_rows<decltype(r)::value>(x + m * K, w, K, y + m * ldy, ldy, n0, n1, e); });
+            by_row_tiles(M, [&](auto r, int64_t m) __attribute__((always_inline)) { dp_rows<decltype(r)::value, FIRST>(x + m * K, w, K, y + m * ldy, ldy, n0, n1, e); });
             continue;
         }
         by_column_tiles<4>(n0, n1, [&](auto c, int64_t n) __attribute__((always_inline)) {
             by_row_tiles(M, [&](auto r, int64_t m) __attribute__((always_inline)) {
-                dp_rows<decltype(r)::value>(x + m * K, w, K, y + m * ldy, ldy, n, n + decltype(c)::value, e);
+                if (m == 0)
+                    dp_rows<decltype(r)::value, FIRST>(x, w, K, y, ldy, n, n + decltype(c)::value, e);
+                else
+                    dp_rows<decltype(r)::value, LATER>(x + m * K, w, K, y + m * ldy, ldy, n, n + decltype(c)::value, e);
             });
         });
     }
+}
+
+template <class Y>
+DP_TARGET void dp_linear(const uint16_t* x, const uint16_t* w, const Epilogue& e, Y* y, int64_t M, int64_t N,
+                         int64_t K, int64_t ldy) {
+    if (dp_prefetch == 1)
+        dp_linear_at<1>(x, w, e, y, M, N, K, ldy);
+    else
+        dp_linear_at<0>(x, w, e, y, M, N, K, ldy);
 }
 #else
 int amx_request() { return 0; }
@@ -987,6 +1012,17 @@ constexpr int64_t GROUPED_PREFETCH = 2048;  // bytes ahead in the weights' run (
 // layer stack's 8-token pass 37.1 -> 33.1 ms (scripts/stack_ab.py); 4096 and 10240 gained less.
 constexpr int64_t WIDE_PREFETCH = 6144;
 constexpr int64_t prefetch_ahead(int rows) { return rows >= 3 ? WIDE_PREFETCH : GROUPED_PREFETCH; }
+// Into L1, or (set_grouped_prefetch 1, chosen by timing: variants.py) for 3 or more rows into L2
+// only, where in L1 they evicted the activations and the weights in use: Qwen2.5-Coder-1.5B's GGUF
+// layer stack, AMD EPYC Zen 4, 2 threads (scripts/stack_ab.py), 3 / 5-token passes 0.91-0.96x /
+// 0.86-0.96x the time; 1-2 rows, which stream at the memory's pace, ran 1.01-1.13x slower so.
+// Only speed differs, never a bit.
+int grouped_prefetch = 0;
+template <int R>
+inline void prefetch_group(const void* p) {
+    if (R >= 3 && grouped_prefetch == 1) _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1);
+    else _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
+}
 
 #ifdef SPECDEC_AMX
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
@@ -1105,7 +1141,7 @@ VNNI_TARGET inline void vnni_rows(const QuantizedRows& xr, const uint8_t* wb,
         // the weights stream as one run (a thread's blocks follow each other): a few KB ahead
         // (prefetch_ahead), within L1 however long a row (a block ahead overflowed it at K = 8960)
         for (int k = 0; k < GB / 4; ++k)
-            _mm_prefetch(reinterpret_cast<const char*>(wc + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
+            prefetch_group<R>(wc + prefetch_ahead(R) + 64 * k);
         __m512i col[P];
         group_runs<G, NIB>(wc, col);
         if constexpr (SIGNED)  // w + 128: unsigned, VPDPBUSD's first operand
@@ -1301,7 +1337,7 @@ VNNI_TARGET inline void vnni_super_rows(const QuantizedRows& xr, const int32_t* 
             const int64_t g = s * GS + gi;
             const uint8_t* wc = wb + g * GB * 16;
             for (int k = 0; k < GB / 4; ++k)
-                _mm_prefetch(reinterpret_cast<const char*>(wc + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
+                prefetch_group<R>(wc + prefetch_ahead(R) + 64 * k);
             __m512i col[P];
             super_group_runs<G, NIB, SIX>(wc, col);
             const __m512i sc = load_i8x16(scale + g * 16);
@@ -1739,7 +1775,7 @@ inline void avx2_super_rows(const QuantizedRows& xr, const int32_t* xpair, const
     const auto group_dots = [&](int64_t g, __m256i (&dots)[H][R]) __attribute__((always_inline)) {
         const uint8_t* wg = wb + g * GB * 16;
         if (h0 == 0)  // a second call for the other half reads the lines this one brought in
-            for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
+            for (int k = 0; k < GB / 4; ++k) prefetch_group<R>(wg + prefetch_ahead(R) + 64 * k);
         for (int h = 0; h < H; ++h) {
             __m256i col[P];
             half_runs<G, NIB, SIX>(wg + 32 * (h0 + h), col);
@@ -1809,7 +1845,7 @@ inline void avx2_inner_rows(const QuantizedRows& xr, const int32_t* xpair, const
     const int8_t* scale = static_cast<const int8_t*>(gs.scale) + blk * KG * 16;
     const auto group_dots = [&](int64_t g, __m256i (&dots)[H][R]) __attribute__((always_inline)) {
         const uint8_t* wg = wb + g * GB * 16;
-        for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
+        for (int k = 0; k < GB / 4; ++k) prefetch_group<R>(wg + prefetch_ahead(R) + 64 * k);
         if constexpr (SIX) {
             const __m256i sc[H] = {scale_pairs(scale + g * 16), scale_pairs(scale + g * 16 + 8)};
             six_group_dots<R>(wg, xr.q.data() + m0 * K, K, g, sc, dots);
@@ -1880,7 +1916,7 @@ __attribute__((always_inline)) inline void avx2_one_level_groups(const Quantized
     for (int64_t g = 0; g < KG; ++g) {
         const uint8_t* wg = wb + g * GB * 16;
         if (h0 == 0)  // a second call for the other half reads the lines this one brought in
-            for (int k = 0; k < GB / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
+            for (int k = 0; k < GB / 4; ++k) prefetch_group<R>(wg + prefetch_ahead(R) + 64 * k);
         __m256i dots[H][R];
         group_dots(wg, g, dots);
         for (int h = 0; h < H; ++h) {
@@ -1935,7 +1971,7 @@ inline void avx2_signed_rows(const QuantizedRows& xr, const uint8_t* wb, const G
     for (int64_t g = 0; g < KG; ++g) {
         const uint8_t* wg = wb + g * G * 16;
         if (h0 == 0)  // the second half reads the lines the first brought in
-            for (int k = 0; k < G / 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(wg + prefetch_ahead(R) + 64 * k), _MM_HINT_T0);
+            for (int k = 0; k < G / 4; ++k) prefetch_group<R>(wg + prefetch_ahead(R) + 64 * k);
         for (int h = 0; h < H; ++h) {
             const auto run = [&](int p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 32 * (h0 + h) + 64 * p)); };
             __m256i magnitude[H == 1 ? P : 1];
@@ -3179,7 +3215,7 @@ void phase_seconds_take(double* out) {
 }
 #endif
 
-int specdec_kernels_version() { return 17; }
+int specdec_kernels_version() { return 18; }
 
 // Which kernel bfloat16 weights with bfloat16 inputs go through: 0 tile() (AVX2 + FMA), 1 AMX
 // (asks Linux for the tile state first), 2 AVX-512 BF16 dot products (dp_linear; the caller checked
@@ -3192,6 +3228,21 @@ int set_bf16_kernel(int kernel) {
 #endif
     bf16_kernel = kernel == 1 || kernel == 2 ? kernel : 0;
     return bf16_kernel;
+}
+
+// Where the products ask for their weights ahead (dp_prefetch, grouped_prefetch: 0 into L1, 1 into
+// L2): only speed differs, so it may change at any time. Return the level now in use.
+int set_dp_prefetch(int level) {
+#ifdef SPECDEC_AMX
+    dp_prefetch = level == 1 ? 1 : 0;
+    return dp_prefetch;
+#else
+    return 0;
+#endif
+}
+int set_grouped_prefetch(int level) {
+    grouped_prefetch = level == 1 ? 1 : 0;
+    return grouped_prefetch;
 }
 
 // Whether grouped weights in the columns layout can be multiplied (1: this build has the AVX-512
