@@ -43,7 +43,7 @@ def _usable(variant: variants.Variant) -> list[str]:
     return usable
 
 
-BF16, GROUPED, GROUPED_WIDE, ATTENTION, DP_PREFETCH, GROUPED_PREFETCH = variants.VARIANTS
+BF16, GROUPED, GROUPED_WIDE, ATTENTION, TILE_PREFETCH, DP_PREFETCH, GROUPED_PREFETCH = variants.VARIANTS
 
 
 @contextmanager
@@ -170,9 +170,9 @@ def test_grouped_weights_with_bfloat16_inputs_are_accurate_and_row_invariant_on_
 
 @needs_kernels
 def test_where_the_weights_are_asked_for_ahead_changes_no_bit():
-    """dp_prefetch and grouped_prefetch (into L1 or L2; rows.cpp) are chosen by speed alone: the
-    AVX-512 BF16 and VNNI products give the same bits at either, whatever the rows (1-4 rows, and
-    past 4 a column tile's first row tile apart from the later ones)."""
+    """tile_prefetch, dp_prefetch and grouped_prefetch (into L1 or L2; rows.cpp) are chosen by speed
+    alone: the AVX2, AVX-512 BF16 and VNNI products give the same bits at either, whatever the rows
+    (1-4 rows, and past 4 a column tile's first row tile apart from the later ones)."""
     g = torch.Generator().manual_seed(5)
     K, N = 576, 203
     weight = (torch.randn(N, K, generator=g) * 0.05).to(torch.bfloat16)
@@ -189,6 +189,12 @@ def test_where_the_weights_are_asked_for_ahead_changes_no_bit():
                                                 offset_super=grouped.offset_super, out=torch.empty(m, 96),
                                                 columns=grouped.columns))
         return out
+    with kernel(BF16, "avx2"):
+        with kernel(TILE_PREFETCH, "l1"):
+            near = products()
+        with kernel(TILE_PREFETCH, "l2"):
+            far = products()
+    assert all(torch.equal(a, b) for a, b in zip(near, far))
     with kernel(BF16, "avx512"), kernel(GROUPED, "vnni"):
         with kernel(DP_PREFETCH, "l1"), kernel(GROUPED_PREFETCH, "l1"):
             near = products()

@@ -144,6 +144,12 @@ struct Epilogue {
     }
 };
 
+// Where tile() asks for the next tile's weights: 0 into L1, 1 into L2 only (set_tile_prefetch, chosen
+// by timing where the bfloat16 products run here: variants.py). AMD EPYC Zen 4 made to run them, 2
+// threads, SmolLM2's layer stack (scripts/stack_ab.py): 1 / 4 / 8-token passes 0.86-0.87 / 0.99-1.01 /
+// 1.01x the time. Only speed differs, never a bit.
+int tile_prefetch = 0;
+
 // R rows x C columns of y, starting at x (row stride ldx) and w's column n0 (row stride K)
 template <class W, int R, int C, class Y>
 inline void tile(const float* x, int64_t ldx, const typename W::T* w, int64_t K, Y* y, int64_t ldy,
@@ -157,15 +163,21 @@ inline void tile(const float* x, int64_t ldx, const typename W::T* w, int64_t K,
     // column streams (K of a few hundred) do not wait on memory each time a tile starts.
     const char* next = reinterpret_cast<const char*>(w + C * K);
     constexpr int64_t STEP = C * 8 * sizeof(typename W::T);
-    for (int64_t k = 0; k < K8; k += 8) {
-        for (int64_t b = 0; b < STEP; b += 64) _mm_prefetch(next + k / 8 * STEP + b, _MM_HINT_T0);
-        __m256 wv[C];
-        for (int c = 0; c < C; ++c) wv[c] = W::load(w + c * K + k);
-        for (int r = 0; r < R; ++r) {
-            const __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
-            for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+    auto sums = [&](auto hint) __attribute__((always_inline)) {  // the level a compile-time constant
+        for (int64_t k = 0; k < K8; k += 8) {
+            for (int64_t b = 0; b < STEP; b += 64) _mm_prefetch(next + k / 8 * STEP + b, decltype(hint)::value);
+            __m256 wv[C];
+            for (int c = 0; c < C; ++c) wv[c] = W::load(w + c * K + k);
+            for (int r = 0; r < R; ++r) {
+                const __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
+                for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+            }
         }
-    }
+    };
+    if (tile_prefetch == 1)
+        sums(std::integral_constant<_mm_hint, _MM_HINT_T1>());
+    else
+        sums(std::integral_constant<_mm_hint, _MM_HINT_T0>());
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) {
             float s = hsum(acc[r][c]);
@@ -3240,7 +3252,7 @@ int set_bf16_kernel(int kernel) {
     return bf16_kernel;
 }
 
-// Where the products ask for their weights ahead (dp_prefetch, grouped_prefetch: 0 into L1, 1 into
+// Where the products ask for their weights ahead (tile_prefetch, dp_prefetch, grouped_prefetch: 0 into L1, 1 into
 // L2): only speed differs, so it may change at any time. Return the level now in use.
 int set_dp_prefetch(int level) {
 #ifdef SPECDEC_AMX
@@ -3249,6 +3261,10 @@ int set_dp_prefetch(int level) {
 #else
     return 0;
 #endif
+}
+int set_tile_prefetch(int level) {
+    tile_prefetch = level == 1 ? 1 : 0;
+    return tile_prefetch;
 }
 int set_grouped_prefetch(int level) {
     grouped_prefetch = level == 1 ? 1 : 0;

@@ -36,13 +36,15 @@ scores and weighted values on the cached values as they lie, the query and the s
 rounded to bfloat16 once (as a bfloat16 model's own attention does): half the instructions, no
 conversion. Same machine, one layer alone (scripts/attention_ab.py micro) 1.4-2.0x "avx512"'s;
 Qwen2.5-Coder-1.5B passes after 2,000 cached tokens, 4 / 8 tokens 33.5 / 44.2 -> 27.2 / 37.2 ms.
-"dp_prefetch" and "grouped_prefetch": whether the AVX-512 BF16 and VNNI products ask for their
-weights ahead into L1 ("l1") or into L2 only ("l2"); the same bits either way. On an AMD EPYC Zen 4
-"l2" made SmolLM2's 1-token pass 0.89-0.91x and its 8-token pass 0.80x the time, and Qwen2.5-Coder's
-5-token pass 0.86-0.96x (rows.cpp, at dp_prefetch and grouped_prefetch); other CPUs measure it.
+"tile_prefetch", "dp_prefetch" and "grouped_prefetch": whether the AVX2, AVX-512 BF16 and VNNI
+products ask for their weights ahead into L1 ("l1") or into L2 only ("l2"); the same bits either way.
+On an AMD EPYC Zen 4 "l2" made SmolLM2's 1-token pass 0.86-0.87x (AVX2) and 0.89-0.91x (AVX-512 BF16)
+the time and its 8-token pass 1.01x / 0.80x, and Qwen2.5-Coder's 5-token pass 0.86-0.96x (rows.cpp, at
+tile_prefetch, dp_prefetch and grouped_prefetch); other CPUs measure it.
 SPECDEC_BF16_KERNEL=avx2|amx|avx512, SPECDEC_GROUPED_KERNEL=avx2|vnni|avx2-columns,
 SPECDEC_GROUPED_WIDE_KERNEL=vnni|amx, SPECDEC_ATTENTION_KERNEL=avx2|avx512|avx512bf16,
-SPECDEC_DP_PREFETCH_KERNEL=l1|l2 and SPECDEC_GROUPED_PREFETCH_KERNEL=l1|l2 set them by hand."""
+SPECDEC_TILE_PREFETCH_KERNEL, SPECDEC_DP_PREFETCH_KERNEL and SPECDEC_GROUPED_PREFETCH_KERNEL=l1|l2
+set them by hand."""
 from __future__ import annotations
 
 import ctypes
@@ -163,6 +165,8 @@ VARIANTS = (
             (frozenset({"avx512f", "avx512bw"}), frozenset({"avx512f", "avx512bw", "avx512_bf16"}))),
     # where the products ask for the weights ahead: into L1 or L2 (rows.cpp dp_prefetch,
     # grouped_prefetch); the same bits, so only speed differs
+    Variant("tile_prefetch", ("l1", "l2"), "set_tile_prefetch", lambda lib, kernel: _bf16_pass(lib, "avx2"),
+            (frozenset(),), widths=(1, 4, 8), needs=("bf16", "avx2")),
     Variant("dp_prefetch", ("l1", "l2"), "set_dp_prefetch", lambda lib, kernel: _bf16_pass(lib, "avx512"),
             (frozenset(),), widths=(1, 4, 8), needs=("bf16", "avx512")),
     Variant("grouped_prefetch", ("l1", "l2"), "set_grouped_prefetch", lambda lib, kernel: _grouped_pass(lib, "vnni"),
