@@ -1,6 +1,7 @@
 """Aggregate tokens/s of the batched engine per method, in process: N requests (held-out code
 prompts, T=0, a fixed number of tokens, EOS ignored) through a Scheduler of N slots, for each
-N and method; methods take turns, the whole round repeated (the repeats summed are reported).
+N and method; methods take turns (in an order that turns each repeat), the whole round repeated
+(the repeats summed are reported).
 It approximates N closed-loop clients of `specdec serve --max-batch N` without HTTP: each client
 sends --requests-per-client requests one after another (a request waits for a free slot). With
 one request a client, a round is one wave of N requests that lasts as long as its slowest one:
@@ -45,7 +46,9 @@ def main() -> None:
     totals: dict[tuple[str, int], list[float]] = {}  # tokens, seconds over the repeats
     for r in range(args.repeats):
         for n in sizes:
-            for m in methods:
+            # the methods' order turns each repeat: a VM that slows within a round would otherwise
+            # favour whichever method always ran first
+            for m in methods[r % len(methods):] + methods[:r % len(methods)]:
                 if (m, n) not in engines:
                     engines[m, n] = Scheduler(decoders[m].engine, max_batch=n, calibrate=True)
                 params = SamplingParams(max_new_tokens=args.tokens, ignore_eos=True)
