@@ -464,10 +464,9 @@ DP_TARGET inline void dp_tile(const uint16_t* x, int64_t ldx, const uint16_t* w,
     // PREFETCH 1: into L1; 2: into L2 only; 0: none (dp_linear's prefetch levels)
     const char* next = reinterpret_cast<const char*>(w + (R >= 3 ? 2 : 1) * C * K);
     for (int64_t k = 0; k < K; k += 32) {
-        if constexpr (PREFETCH == 1)
-            for (int c = 0; c < C; ++c) _mm_prefetch(next + k / 32 * C * 64 + c * 64, _MM_HINT_T0);
-        if constexpr (PREFETCH == 2)
-            for (int c = 0; c < C; ++c) _mm_prefetch(next + k / 32 * C * 64 + c * 64, _MM_HINT_T1);
+        if constexpr (PREFETCH != 0)
+            for (int c = 0; c < C; ++c)
+                _mm_prefetch(next + k / 32 * C * 64 + c * 64, PREFETCH == 1 ? _MM_HINT_T0 : _MM_HINT_T1);
         __m512bh wv[C];
         for (int c = 0; c < C; ++c) wv[c] = (__m512bh)_mm512_loadu_si512(w + c * K + k);
         for (int r = 0; r < R; ++r) {

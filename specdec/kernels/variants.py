@@ -163,8 +163,8 @@ VARIANTS = (
             needs=("grouped", "vnni")),
     Variant("attention", ("avx2", "avx512", "avx512bf16"), "set_attention_kernel", _attention_pass,
             (frozenset({"avx512f", "avx512bw"}), frozenset({"avx512f", "avx512bw", "avx512_bf16"}))),
-    # where the products ask for the weights ahead: into L1 or L2 (rows.cpp dp_prefetch,
-    # grouped_prefetch); the same bits, so only speed differs
+    # where the products ask for the weights ahead: into L1 or L2 (rows.cpp tile_prefetch,
+    # dp_prefetch, grouped_prefetch); the same bits, so only speed differs
     Variant("tile_prefetch", ("l1", "l2"), "set_tile_prefetch", lambda lib, kernel: _bf16_pass(lib, "avx2"),
             (frozenset(),), widths=(1, 4, 8), needs=("bf16", "avx2")),
     Variant("dp_prefetch", ("l1", "l2"), "set_dp_prefetch", lambda lib, kernel: _bf16_pass(lib, "avx512"),
