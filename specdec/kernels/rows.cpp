@@ -498,8 +498,8 @@ DP_TARGET inline void dp_rows(const uint16_t* x, const uint16_t* w, int64_t K, Y
 // from every row tile; 1 into L2 only (L1 then keeps x and the weights in use; the cores' own
 // prefetchers bring them on), and from a column tile's first row tile alone (the later row tiles
 // read its weights from L1: the requests only took issue slots from the dot products). AMD EPYC Zen 4,
-// 2 threads, SmolLM2's layer stack (scripts/stack_ab.py): 1 / 2 / 4-token passes 0.89-0.91x the
-// time, 5 / 8 / 16-token 0.78 / 0.80 / 0.89x; only speed differs, never a bit.
+// 2 threads, SmolLM2's layer stack (scripts/stack_ab.py): 1 / 2-token passes 0.89-0.99x the time (by
+// the VM's state), 4 / 5 / 8 / 16-token 0.87-0.90 / 0.78 / 0.77-0.82 / 0.89x; only speed differs, never a bit.
 int dp_prefetch = 0;
 constexpr int64_t DP_PANEL_BYTES = 16384;
 

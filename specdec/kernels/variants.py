@@ -38,7 +38,7 @@ conversion. Same machine, one layer alone (scripts/attention_ab.py micro) 1.4-2.
 Qwen2.5-Coder-1.5B passes after 2,000 cached tokens, 4 / 8 tokens 33.5 / 44.2 -> 27.2 / 37.2 ms.
 "tile_prefetch", "dp_prefetch" and "grouped_prefetch": whether the AVX2, AVX-512 BF16 and VNNI
 products ask for their weights ahead into L1 ("l1") or into L2 only ("l2"); the same bits either way.
-On an AMD EPYC Zen 4 "l2" made SmolLM2's 1-token pass 0.86-0.87x (AVX2) and 0.89-0.91x (AVX-512 BF16)
+On an AMD EPYC Zen 4 "l2" made SmolLM2's 1-token pass 0.86-0.87x (AVX2) and 0.89-0.99x (AVX-512 BF16)
 the time and its 8-token pass 1.01x / 0.80x, and Qwen2.5-Coder's 5-token pass 0.86-0.96x (rows.cpp, at
 tile_prefetch, dp_prefetch and grouped_prefetch); other CPUs measure it.
 SPECDEC_BF16_KERNEL=avx2|amx|avx512, SPECDEC_GROUPED_KERNEL=avx2|vnni|avx2-columns,
