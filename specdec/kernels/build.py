@@ -102,8 +102,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.linear_grouped.restype = i32
     lib.stack_forward.argtypes = [p, i64, p, p, i32, i64] + [p] * 11
     lib.stack_forward.restype = i32
-    for name in ("set_bf16_kernel", "set_grouped_kernel", "set_grouped_wide_kernel", "set_attention_kernel",
-                 "set_tile_prefetch", "set_dp_prefetch", "set_grouped_prefetch"):
+    for name in (variant.setter for variant in variants.VARIANTS):
         if hasattr(lib, name):  # an older build beside this one (load_beside) may lack later setters
             getattr(lib, name).argtypes = [i32]
             getattr(lib, name).restype = i32

@@ -165,9 +165,9 @@ VARIANTS = (
             (frozenset({"avx512f", "avx512bw"}), frozenset({"avx512f", "avx512bw", "avx512_bf16"}))),
     # where the products ask for the weights ahead: into L1 or L2 (rows.cpp tile_prefetch,
     # dp_prefetch, grouped_prefetch); the same bits, so only speed differs
-    Variant("tile_prefetch", ("l1", "l2"), "set_tile_prefetch", lambda lib, kernel: _bf16_pass(lib, "avx2"),
+    Variant("tile_prefetch", ("l1", "l2"), "set_tile_prefetch", _bf16_pass,
             (frozenset(),), widths=(1, 4, 8), needs=("bf16", "avx2")),
-    Variant("dp_prefetch", ("l1", "l2"), "set_dp_prefetch", lambda lib, kernel: _bf16_pass(lib, "avx512"),
+    Variant("dp_prefetch", ("l1", "l2"), "set_dp_prefetch", _bf16_pass,
             (frozenset(),), widths=(1, 4, 8), needs=("bf16", "avx512")),
     Variant("grouped_prefetch", ("l1", "l2"), "set_grouped_prefetch", lambda lib, kernel: _grouped_pass(lib, "vnni"),
             (frozenset(),), widths=(3, 5, 8), needs=("grouped", "vnni")),
