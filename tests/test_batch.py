@@ -3,8 +3,12 @@ depend on what else is in the batch. Greedy and seeded outputs equal the same re
 alone through Engine (float64; bfloat16 in exact mode), also while sequences join and leave;
 sampled outputs keep the target's exact distribution with several temperatures in one batch
 (chi-square)."""
+import json
+import shutil
+
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import specdec
 import specdec.engine.verdicts
@@ -263,9 +267,10 @@ def test_stream_chunks_and_logprobs_equal_engine_stream(decoders):
 
 def test_batch_k_shrinks_as_verification_stops_being_free():
     """The batch's K from measured pass costs: drafts while a pass over more rows costs little,
-    fewer drafts as the batch widens the pass, plain steps (with an occasional probe) when
-    every row costs as much as a plain step; sequences that cannot draft weigh nothing (rows are
-    packed: a lone drafter pays for its own rows only)."""
+    fewer drafts as the batch widens the pass, plain steps when every row costs as much as a
+    plain step (with an occasional probe where a pass has a fixed cost: drafts accepted would
+    pay); sequences that cannot draft weigh nothing (rows are packed: a lone drafter pays for
+    its own rows only)."""
     def table(base: float, per_row: float) -> BatchDraftLength:
         width = BatchDraftLength()
         for rows in (1, 2, 4, 8, 16, 32, 64):
@@ -282,9 +287,14 @@ def test_batch_k_shrinks_as_verification_stops_being_free():
     one_drafter = memory_bound.choose([8] + [0] * 15, [expected(0.7)] * 16, 3)
     all_draft = memory_bound.choose([8] * 16, [expected(0.7)] * 16, 3)
     assert one_drafter >= all_draft
+    # a pass with some fixed cost: drafts would pay if accepted, so plain steps still probe now and then
+    some_fixed = table(base=2e-3, per_row=1e-3)
+    picks = [some_fixed.choose([8] * 4, [expected(0.05)] * 4, 15) for _ in range(some_fixed.probe_every)]
+    assert picks[:-1] == [0] * (len(picks) - 1) and picks[-1] == some_fixed.probe_k
+    # every row costs a plain step's: no acceptance could make a draft pay, so never a probe
     compute_bound = table(base=0.0, per_row=1e-3)
-    picks = [compute_bound.choose([8] * 4, [expected(0.5)] * 4, 15) for _ in range(compute_bound.probe_every)]
-    assert picks[:-1] == [0] * (len(picks) - 1) and picks[-1] == compute_bound.probe_k
+    picks = [compute_bound.choose([8] * 4, [expected(0.99)] * 4, 15) for _ in range(3 * compute_bound.probe_every)]
+    assert picks == [0] * len(picks)
     assert CostTable({4: 1.0, 8: 2.0}).estimate(6) == 1.5 and CostTable({4: 1.0, 8: 2.0}).estimate(16) == 4.0
     assert CostTable({4: 1.0}).estimate(8) is None
 
@@ -304,10 +314,31 @@ def test_uncalibrated_batch_k_measures_two_sizes_before_choosing():
     assert picks[:4] == [0, 0, 2, 2] and min(picks[4:]) > 0, picks
 
 
-def test_adaptive_batch_k_keeps_greedy_output(model_dir, decoders):
-    """Without a fixed K (the batch chooses it; calibrated at load), outputs are unchanged. The
-    target drafts for itself here: every draft is accepted, so drafting pays and is chosen."""
-    decoder = specdec.load(target=model_dir, draft=model_dir, dtype="float64", method="draft")
+@pytest.fixture(scope="module")
+def deep_dir(model_dir, tmp_path_factory):
+    """model_dir with 4 more layers that add nothing to the residual stream (zero output
+    projections): the same greedy tokens at 3x the layers, so model_dir drafts for it cheaply
+    and is always right."""
+    path = tmp_path_factory.mktemp("batch-deep")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(model_dir / name, path / name)
+    weights = load_file(str(model_dir / "model.safetensors"))
+    for layer in range(2, 6):
+        for key, value in list(weights.items()):
+            if key.startswith("model.layers.1."):
+                zero = key.endswith(("o_proj.weight", "down_proj.weight"))
+                weights[key.replace(".1.", f".{layer}.", 1)] = torch.zeros_like(value) if zero else value.clone()
+    save_file(weights, str(path / "model.safetensors"))
+    config = json.loads((model_dir / "config.json").read_text()) | {"num_hidden_layers": 6}
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_adaptive_batch_k_keeps_greedy_output(model_dir, deep_dir, decoders):
+    """Without a fixed K (the batch chooses it; calibrated at load), outputs are unchanged. A
+    draft with a third of the target's layers that always agrees: drafting would pay, so the
+    batch probes it (an estimate of acceptance starts unsure) and then drafts."""
+    decoder = specdec.load(target=deep_dir, draft=model_dir, dtype="float64", method="draft")
     samplings = [dict(method=METHODS[i % 3], max_new_tokens=m) for i, m in enumerate(MAX_TOKENS)]
     got = decoder.generate_batch(PROMPTS, samplings, max_batch=4)
     assert decoder.scheduler(4).drafting.width.target.seconds  # calibrated, then measured

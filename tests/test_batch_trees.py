@@ -303,6 +303,54 @@ def test_forked_drafting_is_charged_the_forks_measured_seconds():
     assert gate.could_pay(2, [(c, 1)] * 2)
 
 
+def test_one_node_drafts_read_together_are_charged_apart_and_explored_by_any_batch():
+    """Read together (one head pass for all), one-node drafts are charged what such passes
+    measured a node, not the forks' own drafting; they have their own buckets, and a smaller
+    batch's loss does not keep a larger one from trying them (a node costs less the fuller the
+    batch). A step's catch-up (features left by plain steps) is kept out of a bucket's rates."""
+    from specdec.spec.control.batch_width import BatchDraftLength
+    from specdec.spec.control.forked_gate import ForkedGate
+
+    c = TreeSizeController([1, 2, 4])
+    c.samples[1], c.weight[1], c.tokens[1], c.seconds[1] = 8, 8.0, 8 * 1.7, 0.08
+    width = BatchDraftLength()
+    width.target.seconds = {2: 0.0102, 4: 0.0105, 8: 0.0110}
+    gate = ForkedGate(width)
+    gate.observe_drafting(0.0074, 2)  # forks alone: 3.7 ms a node
+    gate.observe_drafting(0.0002, 4, together=True)  # read together: 0.05 ms a node
+    assert gate.draft_seconds_per_token == pytest.approx(0.0037)
+    assert gate.together_seconds_per_token == pytest.approx(0.00005)
+    assert not gate.could_pay(4, [(c, 1)] * 4) and gate.could_pay(4, [(c, 1)] * 4, together=True)
+    small = gate.buckets.setdefault(2, TreeSizeController([1]))  # 2 sequences measured drafting losing
+    small.samples, small.tokens, small.seconds, small.weight = {0: 4, 1: 4}, {0: 4.0, 1: 4.0}, {0: 1.0, 1: 2.0}, \
+        {0: 4.0, 1: 4.0}
+    for _ in range(4):  # a bucket measures plain steps first
+        assert not gate.allows(4, [(c, 1)] * 4, together=True)
+        gate.observe_step(4, 0.0105, 4)
+    assert gate.allows(4, [(c, 1)] * 4, together=True) and 4 not in gate.buckets
+    # a drafted step of 4 sequences: 7 tokens in 2 plain passes' time, of which 1 the catch-up
+    gate.observe_step(7, 2 * 0.0105, 4, sync_seconds=0.0105)
+    bucket = gate.together_buckets[4]
+    assert bucket.seconds[1] == pytest.approx(1.0) and bucket.tokens[1] == pytest.approx(7 / 4)
+
+
+def test_a_batch_step_teaches_a_controller_only_what_it_chose_or_drafted(dirs, monkeypatch):
+    """A sequence's controller learns from the steps it drafted in, or whose budget it chose;
+    not from the steps its batch kept plain (their seconds are the whole batch's pass)."""
+    target, heads = dirs
+    spec = specdec.load(target=target, draft=heads["eagle"], method="eagle", calibrate=False)
+    seen = []
+    original = TreeSizeController.observe
+    monkeypatch.setattr(TreeSizeController, "observe", lambda self, step: seen.append(step.budget) or
+                        original(self, step))
+    batch = spec.scheduler(3)
+    batch.drafting.gate.allows = lambda *a, **kw: False  # the batch keeps every step plain
+    got = spec.generate_batch(PROMPTS[:3], [dict(max_new_tokens=12, method="eagle")] * 3, max_batch=3)
+    assert sum(g.stats.num_drafts for g in got) == 0
+    steps = sum(len(g.token_ids) for g in got)
+    assert len(seen) < steps // 3  # only steps with a sequence alone (its controller chose), none of the batch's
+
+
 def test_a_batch_measures_its_forks_drafting(dirs, monkeypatch):
     """Every fork's drafting is timed for the gate, at the budget it drafted."""
     from specdec.spec.control.forked_gate import ForkedGate
@@ -315,3 +363,62 @@ def test_a_batch_measures_its_forks_drafting(dirs, monkeypatch):
     got = spec.generate_batch(PROMPTS[:3], [dict(max_new_tokens=20, method="eagle")] * 3, max_batch=3)
     assert len(seen) == sum(g.stats.num_drafts for g in got) > 0
     assert {t for _, t in seen} == {8} and all(s > 0 for s, _ in seen)
+
+
+def test_eagle_one_node_drafts_are_read_together_and_keep_greedy_output(dirs, monkeypatch):
+    """Greedy EAGLE forks drafting one node each step read their unread features through the
+    head in one pass for all of them (spec/proposers/batch_eagle.py); outputs equal plain
+    decoding's, in bfloat16 exact mode, while sequences join and leave."""
+    from specdec.spec.proposers.batch_eagle import BatchEagleHeads
+
+    target, heads = dirs
+    spec = specdec.load(target=target, draft=heads["eagle"], method="eagle", dtype="bfloat16", draft_tokens=1,
+                        calibrate=False)
+    if spec.engine.proposer.head.stack is None:
+        pytest.skip("the head is not on the one-call stack here (kernels unavailable)")
+    together = []
+    original = BatchEagleHeads.propose_one
+    monkeypatch.setattr(BatchEagleHeads, "propose_one",
+                        lambda self, forks, *a: together.append(len(forks)) or original(self, forks, *a))
+    plain = specdec.load(target=target, dtype="bfloat16", calibrate=False)
+    requests = [(p, dict(max_new_tokens=m, method=which)) for p, m in zip(PROMPTS, MAX_TOKENS)
+                for which in ("eagle", "none")]
+    got = spec.generate_batch([p for p, _ in requests], [s for _, s in requests], max_batch=4)
+    for g, (p, s) in zip(got, requests):
+        assert g.token_ids == plain.generate(p, max_new_tokens=s["max_new_tokens"]).token_ids, (p, s)
+    assert together and max(together) >= 2
+    eagle = [g for g, (_, s) in zip(got, requests) if s["method"] == "eagle"]
+    assert sum(g.stats.drafted_tokens for g in eagle) > 0  # (a random head's nodes are rarely kept)
+
+
+def test_forks_read_together_draft_what_each_drafts_alone(dirs):
+    """BatchEagleHeads.propose_one gives each fork the node its own propose(context, 1) gives,
+    and leaves its head where that leaves it (features read, root feature), from different
+    contexts and different numbers of unread features (plain steps between drafts)."""
+    from specdec.spec.proposers.batch_eagle import BatchEagleHeads
+
+    target, heads = dirs
+    spec = specdec.load(target=target, draft=heads["eagle"], method="eagle", dtype="float32", calibrate=False)
+    proposer = spec.engine.proposer
+    if proposer.head.stack is None:
+        pytest.skip("the head is not on the one-call stack here (kernels unavailable)")
+    together = BatchEagleHeads(proposer, 3)
+    forks, alone = [together.fork() for _ in range(3)], [proposer.fork() for _ in range(3)]
+    torch.manual_seed(0)
+    d = proposer.head.config.hidden_size
+    contexts = [list(range(5, 5 + n)) for n in (6, 11, 3)]
+    params = SamplingParams()
+    for round_ in range(3):
+        for i, context in enumerate(contexts):
+            # the prompt's features, then a step or a few plain steps' worth
+            feats = torch.randn(len(context) - 1 if round_ == 0 else 1 + (i + round_) % 3, d)
+            for fork in (forks[i], alone[i]):
+                fork.observe_target(feats)
+            if round_:
+                context += [7 + round_] * feats.shape[0]
+        got, _ = together.propose_one(forks, contexts, params)
+        for i, context in enumerate(contexts):
+            own = alone[i].propose(context, 1, params, None)
+            assert got[i].tokens == own.tokens and own.parents == [-1] and got[i].parents is None  # a chain of one
+            assert forks[i].committed == alone[i].committed == len(context) - 1
+            assert torch.allclose(forks[i].root_feature.float(), alone[i].root_feature.float(), atol=1e-4)

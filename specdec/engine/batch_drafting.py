@@ -1,14 +1,15 @@
 """What each sequence of a batched step drafts (the drafting half of engine/scheduler.py): the
 drafters a batch offers (prompt lookup per sequence, the draft model's batched slots; a tree
-method's head or a draft with another tokenizer forked per sequence), how many drafts each
-sequence may take, the chains' one K from measured batched pass costs (spec/control/batch_width.py;
+method's head or a draft with another tokenizer forked per sequence; EAGLE's forks read their
+one-node drafts together), how many drafts each sequence takes within its limit
+(engine/batch_limits.py), the chains' one K from measured batched pass costs (spec/control/batch_width.py;
 trees size themselves with their sequence's controller), and the proposals, the draft model's
 sequences together in batched passes (spec/proposers/batch_draft.py)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
+from specdec.engine.batch_limits import BatchEntry, draft_limits, one_node_each
 from specdec.engine.core import Engine
 from specdec.engine.sequence import Sequence
 from specdec.errors import SpecdecError
@@ -19,35 +20,13 @@ from specdec.spec.control.draft_length import DraftLengthController
 from specdec.spec.control.forked_gate import ForkedGate
 from specdec.spec.proposers.base import Proposal, Proposer
 from specdec.spec.proposers.batch_draft import BatchDraftModel, DraftRequest
+from specdec.spec.proposers.batch_eagle import BatchEagleHeads
 from specdec.spec.proposers.draft_model import DraftModelProposer
+from specdec.spec.proposers.eagle import EagleProposer
 from specdec.spec.proposers.prompt_lookup import PromptLookupProposer
 
 BATCHED_METHODS = ("none", "ngram", "draft", "medusa", "eagle")
 STAND_IN_TOKENS = 4  # prompt lookup's drafts a step while a lone draft model waits (a 5-token pass ~1.2x a 1-token one)
-TREE_METHODS = ("medusa", "eagle")
-
-
-@dataclass
-class BatchEntry:
-    """A sequence in a slot of the batch."""
-    seq: Sequence
-    method: str
-    proposer: Proposer | None  # ngram's (shared), a fork of the decoder's own; None: none, the batched draft model
-    forked: bool = False  # proposer is this sequence's own (a tree method, a draft with another tokenizer)
-    prefilled: int = 0  # tokens of prompt_ids[:-1] already in the slot's cache
-
-    @property
-    def needs_hidden(self) -> bool:
-        return self.proposer is not None and self.proposer.needs_hidden
-
-    @property
-    def tree(self) -> bool:
-        return self.method in TREE_METHODS
-
-    @property
-    def ready(self) -> bool:
-        """Prefilled: the slot holds the whole context but its last token."""
-        return self.prefilled >= len(self.seq.prompt_ids) - 1
 
 
 class BatchDrafting:
@@ -74,10 +53,17 @@ class BatchDrafting:
         if engine.method not in self.proposers and hasattr(engine.proposer, "fork"):
             self.proposers[engine.method] = None
             self.forked_method = engine.method
+        # EAGLE's forks on the slots of one head cache, their one-node drafts read together
+        self.eagle_heads: BatchEagleHeads | None = None
+        if not self.own and isinstance(engine.proposer, EagleProposer) and engine.proposer.head.stack is not None:
+            self.eagle_heads = BatchEagleHeads(engine.proposer, max_batch)
         # how much prompt lookup drafts while it stands in for a lone draft model (lookup_while_unread)
         self.stand_in: DraftLengthController | None = None
         self.width = BatchDraftLength()  # the batch's K (unless the engine fixes K)
         self.gate = ForkedGate(self.width)  # whether forked drafters draft at all this step
+        # the slots whose own controller chose their budget in the last plan (a sequence alone, a
+        # tree): a step teaches a controller only what it chose or drafted (teaches)
+        self.chose: set[int] = set()
 
     def calibrate(self, runner: BatchRunner, max_batch: int, exact: bool, filler: int) -> None:
         """The batch's K starts from timed batched passes (spec/calibrate.py); the batch must be empty."""
@@ -99,8 +85,18 @@ class BatchDrafting:
         if method == self.forked_method and self.own:
             return BatchEntry(seq, method, self.engine.proposer, True)
         if method == self.forked_method:
-            return BatchEntry(seq, method, self.forks.pop() if self.forks else self.engine.proposer.fork(), True)
+            fork = (self.forks.pop() if self.forks else self.eagle_heads.fork() if self.eagle_heads is not None
+                    else self.engine.proposer.fork())
+            return BatchEntry(seq, method, fork, True)
         return BatchEntry(seq, method, self.proposers[method])
+
+    def teaches(self, entry: BatchEntry, slot: int, budget: int) -> bool:
+        """Whether the step of the sequence in slot is its controller's to learn from: one it
+        drafted in, or whose budget its controller chose. A step the batch kept plain (its K, its
+        gate) was no choice of the controller's, and its seconds are the whole batch's pass: at
+        16 sequences such steps are nearly all of them, and observing each one cost ~1% of the
+        batch's time."""
+        return entry.method != "none" and (budget > 0 or slot in self.chose)
 
     def in_draft_pass(self, entry: BatchEntry) -> bool:
         """Whether entry drafts in the draft model's batched passes (not a fork of its own)."""
@@ -115,16 +111,27 @@ class BatchDrafting:
              ) -> tuple[list[int], list[Proposal], list[float], float]:
         """The step's budget (drafts; a tree: nodes) and proposal for each ready slot, the
         seconds each waited for it, and the draft model's batched seconds."""
-        limits = self.limits(entries, ready, runner)
+        limits = draft_limits(entries, ready, runner, self.max_rows // len(ready) - 1,
+                              self.engine.fixed_draft_tokens or self.engine.max_draft_tokens)
         alone = len(ready) == 1  # a sequence alone sizes its drafts with its own controller, then drafts
         # with several, cheap drafters first: the batch's K then knows their matches
         early = {} if alone else self.propose_each(entries, ready, limits)
         limits = [len(early[slot][0].tokens) if slot in early else lim for slot, lim in zip(ready, limits)]
-        k = 0 if alone else self.choose_k(entries, ready, limits)
-        forked_on = self.forked_gate(entries, ready, limits)
-        budgets = [0 if entries[slot].forked and not forked_on
-                   else self.own_budget(entries[slot], lim, alone) if (alone or entries[slot].tree) and lim
-                   else min(k, lim) for slot, lim in zip(ready, limits)]
+        together = (not alone and self.eagle_heads is not None and self.engine.fixed_draft_tokens is None
+                    and one_node_each(entries, ready, limits))
+        forked_on = self.forked_gate(entries, ready, limits, together)
+        k = 0 if alone else self.choose_k(entries, ready, limits, forked_on)
+        budgets, self.chose = [], set()
+        for slot, lim in zip(ready, limits):
+            if entries[slot].forked and not forked_on:
+                budgets.append(0)
+            elif together and entries[slot].forked and lim:
+                budgets.append(1)  # the gate measured the batch's nodes read together paying
+            elif (alone or entries[slot].tree) and lim:
+                budgets.append(self.own_budget(entries[slot], lim, alone))
+                self.chose.add(slot)
+            else:
+                budgets.append(min(k, lim))
         if alone and not budgets[0]:
             early = self.lookup_while_unread(entries[ready[0]], ready[0], limits[0])
             budgets = [len(early[ready[0]][0].tokens)] if early else budgets
@@ -170,7 +177,8 @@ class BatchDrafting:
         proposal.stand_in = True
         return {slot: (proposal, time.perf_counter() - t0)}
 
-    def forked_gate(self, entries: list[BatchEntry], ready: list[int], limits: list[int]) -> bool:
+    def forked_gate(self, entries: list[BatchEntry], ready: list[int], limits: list[int],
+                    together: bool = False) -> bool:
         """Whether the forked drafters may draft this step (spec/control/forked_gate.py); True
         where none would, and for a sequence alone (its controller sees its drafter's cost)."""
         self.gate.current = None
@@ -178,37 +186,16 @@ class BatchDrafting:
                 entries[slot].forked and lim for slot, lim in zip(ready, limits)):
             return True
         return self.gate.allows(len(ready), [(entries[slot].seq.controller, lim) for slot, lim in zip(ready, limits)
-                                             if entries[slot].forked and lim])
+                                             if entries[slot].forked and lim], together)
 
-    def limits(self, entries: list[BatchEntry], ready: list[int], runner: BatchRunner) -> list[int]:
-        """The most drafts (a tree: nodes) each sequence may take this step: its method's and
-        its tokens' limits, and max_rows // n - 1 so that the padded pass holds at most max_rows
-        rows. A tree method's sequence drafts once the target has given it features; a drafter
-        whose proposals may hold up to tree_floor nodes drafts one token where those do not fit."""
-        cap = self.max_rows // len(ready) - 1
-        max_k = self.engine.fixed_draft_tokens or self.engine.max_draft_tokens
-        limits = []
-        for slot in ready:
-            entry = entries[slot]
-            seq = entry.seq
-            room = runner.max_len - len(seq.context)
-            if entry.method == "none" or (entry.tree and runner.length(slot) == 0):
-                limits.append(0)
-            elif entry.tree:  # a proposal may hold up to tree_floor nodes whatever its budget
-                limit = max(0, min(room - 1, cap))
-                limits.append(limit if limit >= entry.proposer.tree_floor else min(limit, 1))
-            else:  # a chain with the lookup chain grafted may hold up to tree_floor nodes too
-                fits = max(0, min(seq.remaining - 1, room - 1, cap))
-                limit = min(max_k, fits)
-                limits.append(limit if fits >= getattr(entry.proposer, "tree_floor", 0) else min(limit, 1))
-        return limits
-
-    def choose_k(self, entries: list[BatchEntry], ready: list[int], limits: list[int]) -> int:
+    def choose_k(self, entries: list[BatchEntry], ready: list[int], limits: list[int], forked_on: bool = True) -> int:
         """The chains' K: a fixed K (draft_tokens), else the batch's K from measured costs
-        (spec/control/batch_width.py). Trees size themselves (their sequence's controller)."""
+        (spec/control/batch_width.py), over the chains that may draft (a forked one: where the
+        gate lets it). Trees size themselves (their sequence's controller)."""
         if self.engine.fixed_draft_tokens is not None:
             return self.engine.fixed_draft_tokens
-        chains = [(slot, lim) for slot, lim in zip(ready, limits) if not entries[slot].tree]
+        chains = [(slot, lim if forked_on or not entries[slot].forked else 0)  # a gated one is a plain row
+                  for slot, lim in zip(ready, limits) if not entries[slot].tree]
         if not chains:
             return 0
         expected = [entries[slot].seq.controller.expected_tokens for slot, _ in chains]
@@ -229,6 +216,29 @@ class BatchDrafting:
                 out[slot] = (proposal, time.perf_counter() - t0)
         return out
 
+    def propose_eagle_nodes(self, entries: list[BatchEntry], ready: list[int], budgets: list[int],
+                            early: dict[int, tuple[Proposal, float]], proposals: dict[int, Proposal],
+                            seconds: dict[int, float]) -> None:
+        """The one-node drafts of greedy EAGLE forks (without penalties or a grammar, which the
+        tree's rows carry), read together (spec/proposers/batch_eagle.py), into proposals and
+        seconds; with fewer than two of them, each fork drafts alone."""
+        if self.eagle_heads is None:
+            return
+        slots = [slot for slot, budget in zip(ready, budgets)
+                 if budget == 1 and entries[slot].forked and slot not in early
+                 and entries[slot].seq.params.greedy and entries[slot].seq.history is None]
+        if len(slots) < 2:
+            return
+        t0 = time.perf_counter()
+        drafted, sync_seconds = self.eagle_heads.propose_one([entries[slot].proposer for slot in slots],
+                                                             [entries[slot].seq.context for slot in slots],
+                                                             entries[slots[0]].seq.params)
+        elapsed = time.perf_counter() - t0
+        for slot, proposal in zip(slots, drafted):
+            proposal.sync_seconds = sync_seconds / len(slots)
+            proposals[slot], seconds[slot] = proposal, elapsed
+        self.gate.observe_drafting(elapsed - sync_seconds, len(slots), together=True)
+
     def propose(self, entries: list[BatchEntry], ready: list[int], budgets: list[int],
                 early: dict[int, tuple[Proposal, float]]
                  ) -> tuple[list[Proposal], list[float], float]:
@@ -238,8 +248,11 @@ class BatchDrafting:
         proposals: dict[int, Proposal] = {}
         seconds: dict[int, float] = {}
         requests = []
+        self.propose_eagle_nodes(entries, ready, budgets, early, proposals, seconds)
         for slot, budget in zip(ready, budgets):
             seq = entries[slot].seq
+            if slot in proposals:
+                continue
             if budget > 0 and slot in early:  # the shared lookup's, or a stand-in (lookup_while_unread)
                 proposal, seconds[slot] = early[slot]
                 probs = proposal.draft_probs

@@ -196,6 +196,9 @@ class SlotCache:
     def advance(self, n: int) -> None:
         self.batch.lengths[self.b] += n
 
+    def rollback(self, length: int) -> None:
+        self.batch.rollback(self.b, length)
+
 
 @dataclass
 class PassPlan:

@@ -13,7 +13,7 @@ DraftLengthController), limit_i what sequence i can draft (its tokens left; for 
 the length of its match), target(rows) the measured seconds of a batched pass over that many
 rows and draft(n) of one batched draft-model pass. As the batch grows, K shrinks, down to
 plain steps; while plain steps win, a short draft is still probed now and then so that the
-acceptance estimates stay current."""
+acceptance estimates stay current, unless no K could win were every draft accepted."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -83,6 +83,13 @@ class BatchDraftLength:
         probe = min(self.probe_k, upper)
         if self.target.estimate(n) is None or self.cost(limits, probe, drafting) is None:
             return 0 if n not in self.target.seconds else probe  # measure two sizes first
+
+        plain = n / self.cost(limits, 0, drafting)
+        if all(sum(min(k, lim) + 1 for lim in limits) / self.cost(limits, k, drafting) < self.min_gain * plain
+               for k in range(1, upper + 1)):
+            # no K pays even with every draft accepted (a compute-bound pass: each drafted row costs
+            # what a plain one does), so no acceptance estimate could change the answer: no probe
+            return 0
 
         def rate(k: int) -> float:
             return sum(e(min(k, lim)) for e, lim in zip(expected, limits)) / self.cost(limits, k, drafting)

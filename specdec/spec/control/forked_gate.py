@@ -34,22 +34,30 @@ class ForkedGate:
     # wherever a fork drafts (a sequence alone too); None until then: drafting counted free
     draft_seconds_per_token: float | None = None
     decay: float = 0.8
+    # steps where every fork drafts one node and they are read together (spec/proposers/
+    # batch_eagle.py: one head pass for all): their own buckets and drafting seconds a node
+    together_buckets: dict[int, TreeSizeController] = field(default_factory=dict)
+    together_seconds_per_token: float | None = None
 
-    def allows(self, n: int, forked: list[tuple[Controller, int]]) -> bool:
+    def allows(self, n: int, forked: list[tuple[Controller, int]], together: bool = False) -> bool:
         """Whether the forked drafters of a step of n sequences may draft; forked: the
-        controller and draft limit of each forked sequence that could."""
+        controller and draft limit of each forked sequence that could; together: each would
+        draft one node, all read together."""
         self.current = None
-        if not self.could_pay(n, forked):
+        if not self.could_pay(n, forked, together):
             return False
         bucket = 1 << (n.bit_length() - 1)
-        gate = self.buckets.setdefault(bucket, TreeSizeController([1]))
-        if gate.samples.get(1, 0) < gate.min_samples and self._smaller_batch_off(bucket):
+        buckets = self.together_buckets if together else self.buckets
+        gate = buckets.setdefault(bucket, TreeSizeController([1]))
+        # read together, drafting costs less a sequence the fuller the batch: a smaller batch's
+        # loss says nothing of a larger one's
+        if gate.samples.get(1, 0) < gate.min_samples and not together and self._smaller_batch_off(bucket):
             self.current = (gate, 0)  # not explored: a smaller batch measured it losing
             return False
         self.current = (gate, gate.choose(1))
         return self.current[1] == 1
 
-    def could_pay(self, n: int, forked: list[tuple[Controller, int]]) -> bool:
+    def could_pay(self, n: int, forked: list[tuple[Controller, int]], together: bool = False) -> bool:
         """Whether forked drafting could beat a plain step of n sequences at all, by the batch's
         measured pass costs and each sequence's measured tokens a step at each size its
         controller may choose (an unmeasured size counts every node accepted), drafting itself
@@ -58,7 +66,9 @@ class ForkedGate:
         asks of drafts (estimates are noisy). Once a pass is compute-bound a drafted row costs
         about as much as a plain one and pays only if nearly always accepted (SmolLM2 bf16 here:
         2.45 ms a row in a 16-row pass, 2.34 in a 32-row one); where it cannot pay, the gate is
-        neither explored nor charged."""
+        neither explored nor charged. Read together (one node each, one head pass for all), a
+        draft is charged at what such passes measured a node (SmolLM2 here: ~0.04 ms, against
+        0.2-0.6 ms drafted alone)."""
         plain = self.width.target.estimate(n)
         if not plain or not forked:
             return True
@@ -75,21 +85,23 @@ class ForkedGate:
             cost = self.width.target.estimate(rows)
             if cost is None:
                 return True
-            cost += (rows - n) * (self.draft_seconds_per_token or 0.0)
+            per_token = self.together_seconds_per_token if together else self.draft_seconds_per_token
+            cost += (rows - n) * (per_token or 0.0)
             if tokens / cost > self.width.min_gain * n / plain:
                 return True
         return False
 
-    def observe_drafting(self, seconds: float, tokens: int) -> None:
-        """One fork's drafting: `tokens` drafts (a tree: nodes) in `seconds`."""
+    def observe_drafting(self, seconds: float, tokens: int, together: bool = False) -> None:
+        """One fork's drafting: `tokens` drafts (a tree: nodes) in `seconds`; together: the one-node
+        drafts of several forks read together, `tokens` of them."""
         if tokens <= 0 or seconds <= 0:
             return
-        rate, old = seconds / tokens, self.draft_seconds_per_token
-        if old is None:
-            self.draft_seconds_per_token = rate
-            return
-        rate, drop_old = screen_timing(rate, old)  # one stall must not switch a batch's drafting off
-        self.draft_seconds_per_token = rate if drop_old else self.decay * old + (1 - self.decay) * rate
+        name = "together_seconds_per_token" if together else "draft_seconds_per_token"
+        rate, old = seconds / tokens, getattr(self, name)
+        if old is not None:
+            rate, drop_old = screen_timing(rate, old)  # one stall must not switch a batch's drafting off
+            rate = rate if drop_old else self.decay * old + (1 - self.decay) * rate
+        setattr(self, name, rate)
 
     def _smaller_batch_off(self, bucket: int) -> bool:
         """Whether a smaller batch measured forked drafting slower than plain steps. Its cost
@@ -100,17 +112,22 @@ class ForkedGate:
                    and gate.samples.get(1, 0) >= gate.min_samples and gate.rate(1) < gate.rate(0)
                    for size, gate in self.buckets.items())
 
-    def observe_step(self, tokens: int, seconds: float, sequences: int) -> None:
+    def observe_step(self, tokens: int, seconds: float, sequences: int, sync_seconds: float = 0.0) -> None:
         """The whole batch step's tokens and seconds (drafting, pass, verification), for the
         bucket consulted in allows(). A bucket holds batches of n to 2n - 1 sequences, and a
         fuller step gives more tokens a second with or without drafts: each step is judged per
         sequence against a plain pass over as many (the width's measured costs), so that
-        drafting measured in fuller steps than the plain ones does not look like a gain."""
+        drafting measured in fuller steps than the plain ones does not look like a gain.
+        sync_seconds: the forks' read of features that plain steps left (in seconds): a one-off
+        after plain steps, which the bucket's rates leave out as a sequence's controller does
+        (else the first drafting steps after a plain stretch, which pay it, judge drafting)."""
         if self.current is not None and tokens > 0:
             gate, on = self.current
             plain = self.width.target.estimate(sequences)
+            scale = plain if plain else 1.0
             if plain:  # tokens a sequence (a fraction) in units of that plain pass
-                tokens, seconds = tokens / sequences, seconds / plain
+                tokens = tokens / sequences
             gate.observe(StepRecord(budget=on, drafted=0, accepted=tokens - 1, new_tokens=(), text="",
-                                    draft_seconds=0.0, sync_seconds=0.0, target_seconds=seconds, other_seconds=0.0))
+                                    draft_seconds=0.0, sync_seconds=sync_seconds / scale,
+                                    target_seconds=(seconds - sync_seconds) / scale, other_seconds=0.0))
         self.current = None

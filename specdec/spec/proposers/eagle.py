@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specdec.models.cache import KVCache, SlotCache
 from specdec.models.linear import project
 from specdec.models.packed import packed_bytes
 from specdec.models.runner import tensor_bytes
@@ -45,7 +46,7 @@ class EagleProposer:
     needs_hidden = True
 
     def __init__(self, head: EagleHead, embed: nn.Embedding, lm_head: nn.Module, max_len: int,
-                 tree: TreeShape | None = None, lookup: bool = True):
+                 tree: TreeShape | None = None, lookup: bool = True, cache: KVCache | SlotCache | None = None):
         self.head, self.embed, self.lm_head = head, embed, lm_head
         # greedy trees also hold what followed the context's last n-gram earlier (prompt lookup):
         # code copies its prompt, which a head trained on other text drafts poorly
@@ -55,19 +56,27 @@ class EagleProposer:
         self.tree = tree or TreeShape()
         self.tree_sizes = node_budgets(self.tree.nodes)
         self.max_len = max_len
-        self.cache = head.new_cache(max_len + self.tree.depth * self.tree.expand + 8)
+        # its own cache, or a slot of a batch's (batch_eagle.py: the batch's heads read together)
+        self.cache = cache if cache is not None else head.new_cache(self.cache_len)
         self.features: list[torch.Tensor] = []
         self.offset = 0  # the context position of the head cache's row 0 (HEAD_WINDOW)
         self.reset([])
 
-    def fork(self) -> EagleProposer:
-        """A proposer for another sequence: the same head, its own cache and features."""
-        return EagleProposer(self.head, self.embed, self.lm_head, self.max_len, self.tree, self.lookup is not None)
+    @property
+    def cache_len(self) -> int:
+        """Rows a head cache holds: the context and a tree's grown levels."""
+        return self.max_len + self.tree.depth * self.tree.expand + 8
+
+    def fork(self, cache: SlotCache | None = None) -> EagleProposer:
+        """A proposer for another sequence: the same head, its own cache (or the slot given) and features."""
+        return EagleProposer(self.head, self.embed, self.lm_head, self.max_len, self.tree, self.lookup is not None,
+                             cache)
 
     def memory_bytes(self) -> int:
-        """The head and its cache (embedding and lm_head are the target's own)."""
-        return (tensor_bytes([*self.head.parameters(), *self.head.buffers(), *self.cache.keys, *self.cache.values])
-                + packed_bytes(self.head))
+        """The head and its own cache (embedding and lm_head are the target's own; a batch's
+        slot cache is the batch's)."""
+        own = [*self.cache.keys, *self.cache.values] if isinstance(self.cache, KVCache) else []
+        return tensor_bytes([*self.head.parameters(), *self.head.buffers(), *own]) + packed_bytes(self.head)
 
     def reset(self, prompt_ids: list[int], kept_features: int = 0) -> None:
         """A new text whose first kept_features positions' target features are the last
@@ -93,24 +102,35 @@ class EagleProposer:
         self.features.append(hidden)
         self.pending.append(hidden)  # read at the next draft (_catch_up), the prompt's too
 
+    def take_pending(self) -> tuple[torch.Tensor, int] | None:
+        """The target features the head has not read, in order, and how many of them plain steps
+        left (all but the last step's); the head cache back at its committed rows (the last
+        tree's forgotten), restarted where they are too many (HEAD_WINDOW). None: none pending."""
+        self.cache.rollback(self.committed)
+        if not self.pending:
+            return None
+        unseen = sum(p.shape[0] for p in self.pending)
+        if unseen > HEAD_WINDOW or self.committed + unseen > 2 * HEAD_WINDOW:
+            self._restart(unseen)
+        earlier = sum(p.shape[0] for p in self.pending[:-1])  # one entry per target step
+        feats = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
+        self.pending = []
+        return feats, earlier
+
     @torch.inference_mode()
     def _catch_up(self, context: list[int]) -> float:
         """Feed the head the target features not seen yet, each paired with the next token.
         Returns the time spent on features left by plain steps (all but the last step's)."""
-        self.cache.rollback(self.committed)  # forget the last tree's rows
-        if not self.pending:
+        taken = self.take_pending()
+        if taken is None:
             return 0.0
-        unseen = sum(p.shape[0] for p in self.pending)
-        if unseen > HEAD_WINDOW or self.committed + unseen > 2 * HEAD_WINDOW:
-            self._restart(unseen)
-        *earlier, last = self.pending  # one entry per target step
-        self.pending = []
+        feats, earlier = taken
         sync_seconds = 0.0
         if earlier:
             t0 = time.perf_counter()
-            self._feed(torch.cat(earlier), context)
+            self._feed(feats[:earlier], context)
             sync_seconds = time.perf_counter() - t0
-        self.root_feature = self._feed(last, context)[-1]
+        self.root_feature = self._feed(feats[earlier:], context)[-1]
         return sync_seconds
 
     def _restart(self, unseen: int) -> None:
@@ -155,7 +175,7 @@ class EagleProposer:
             return project(self.lm_head, features, exact=False).float()
         return expand_logits(project(self.head.lm_head, features, exact=False).float(), self.head.d2t, self.vocab_size)
 
-    def _children(self, features: torch.Tensor, top_k: int, params: SamplingParams,
+    def children(self, features: torch.Tensor, top_k: int, params: SamplingParams,
                   generator: torch.Generator | None, rows: PenaltyRows | None = None,
                   exponentials: torch.Tensor | None = None,
                   ) -> tuple[list[list[int]], list[list[float]], torch.Tensor | None]:
@@ -212,7 +232,7 @@ class EagleProposer:
             # the frontier's children hold the token at position base + 1 + depth
             exponentials = None if noise is None else noise.exponentials(base + 1 + depth)[None].expand(
                 len(frontier), -1)
-            drawn, logps, q = self._children(features, top_k, params, generator, rows, exponentials)
+            drawn, logps, q = self.children(features, top_k, params, generator, rows, exponentials)
             children: list[tuple[int, int]] = []  # (node, row of its parent's feature)
             for row, parent in enumerate(frontier):
                 parent_score = scores[parent] if parent >= 0 else 0.0
