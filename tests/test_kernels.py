@@ -43,7 +43,7 @@ def _usable(variant: variants.Variant) -> list[str]:
     return usable
 
 
-BF16, GROUPED, GROUPED_WIDE, ATTENTION, TILE_PREFETCH, DP_PREFETCH, GROUPED_PREFETCH = variants.VARIANTS
+BF16, GROUPED, GROUPED_WIDE, ATTENTION, TILE_PREFETCH, DP_PREFETCH, GROUPED_PREFETCH, DP_TAIL = variants.VARIANTS
 
 
 @contextmanager
@@ -72,9 +72,10 @@ def threads(n: int):
 @needs_kernels
 @pytest.mark.parametrize("name", BF16.kernels)
 @pytest.mark.parametrize("N", [200, 203])  # 203: a column block ending in 3 columns outside a 4-column tile
-def test_bfloat16_inputs_are_float32_accurate_and_row_invariant_on_each_kernel(name, N):
+@pytest.mark.parametrize("K", [576, 1536])  # AVX-512 BF16's panels of 12 and of 4 rows (DP_PANEL_BYTES)
+def test_bfloat16_inputs_are_float32_accurate_and_row_invariant_on_each_kernel(name, N, K):
     g = torch.Generator().manual_seed(3)
-    K, M = 576, 40  # K a multiple of 32 and 12 blocks of 16 columns and 8 (or 11) more: AMX's shape
+    M = 40  # K a multiple of 32; N 12 blocks of 16 columns and 8 (or 11) more: AMX's shape
     weight = (torch.randn(N, K, generator=g) * 0.05).to(torch.bfloat16)
     bias = torch.randn(N, generator=g)
     x = torch.randn(M, K, generator=g).to(torch.bfloat16)
@@ -84,11 +85,14 @@ def test_bfloat16_inputs_are_float32_accurate_and_row_invariant_on_each_kernel(n
         assert torch.allclose(y.double(), reference, rtol=1e-5, atol=1e-5 * float(reference.abs().max()))
         narrow = invariant.linear(x, weight, bias=bias)
         assert torch.equal(narrow, y.to(torch.bfloat16))  # one rounding of the same sums
-        for m in (1, 2, 3, 5, 8, 15, 16, 17, 31, 33):  # chunks of 16 rows and what is left
+        # chunks of 16 rows and what is left; tiles of 4 ending in 5 or 6 rows, a panel's last 1-2 rows joined
+        for m in (1, 2, 3, 5, 6, 8, 9, 10, 13, 14, 15, 16, 17, 31, 33):
             for start in (0, M - m, 4):
                 if start + m <= M:
-                    part = invariant.linear(x[start:start + m], weight, bias=bias, out_dtype=torch.float32)
-                    assert torch.equal(part, y[start:start + m]), (name, m, start)
+                    for tail in (("split", "whole") if name == "avx512" else ("split",)):
+                        with kernel(DP_TAIL, tail):
+                            part = invariant.linear(x[start:start + m], weight, bias=bias, out_dtype=torch.float32)
+                        assert torch.equal(part, y[start:start + m]), (name, m, start, tail)
 
 
 def _grouped(layout: str, N: int, K: int, g: torch.Generator):

@@ -474,12 +474,38 @@ DP_TARGET inline void dp_tile(const uint16_t* x, int64_t ldx, const uint16_t* w,
             for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
         }
     }
-    if constexpr (R == 4 && C == 4) {
-        dp_epilogue4x4(reduce16(acc), y, ldy, e, n0);
-        return;
+    int first = 0;
+    if constexpr (R >= 4 && C == 4) {
+        __m512 four[4][4];
+        for (int r = 0; r < 4; ++r)
+            for (int c = 0; c < 4; ++c) four[r][c] = acc[r][c];
+        dp_epilogue4x4(reduce16(four), y, ldy, e, n0);
+        first = 4;
     }
-    for (int r = 0; r < R; ++r)
+    for (int r = first; r < R; ++r)
         for (int c = 0; c < C; ++c) store(y + r * ldy + c, e.apply(hsum16(acc[r][c]), n0 + c));
+}
+
+// Row tiles of 4 for dp_linear past 4 rows, and where dp_tail is 1 (set_dp_tail, chosen by timing:
+// variants.py) the last 5 or 6 rows as one tile (20 or 24 sums and 4 weights in 32 registers): a
+// 1- or 2-row tile after 4-row ones keeps one or two sums a column in flight, so the dot products'
+// latency sets its pace (SmolLM2's 5-token pass took more than its 8-token one, AMD EPYC Zen 5; with
+// the 5- and 6-row tiles its layer stack's 5 / 6 / 10-token passes 0.87-0.90 / 0.84-0.90 / 0.92x the
+// time, scripts/stack_ab.py). Each output's sum is the same sequence in any tile: the same bits.
+int dp_tail = 0;
+template <class Rows>
+__attribute__((always_inline)) inline void by_dp_row_tiles(int64_t M, const Rows& rows) {
+    const int64_t tail = dp_tail == 1 && M >= 5 && M % 4 == 1 ? 5 : dp_tail == 1 && M >= 6 && M % 4 == 2 ? 6 : M % 4;
+    int64_t m = 0;
+    for (; m + tail < M; m += 4) rows(std::integral_constant<int, 4>(), m);
+    switch (tail) {
+        case 6: rows(std::integral_constant<int, 6>(), m); break;
+        case 5: rows(std::integral_constant<int, 5>(), m); break;
+        case 3: rows(std::integral_constant<int, 3>(), m); break;
+        case 2: rows(std::integral_constant<int, 2>(), m); break;
+        case 1: rows(std::integral_constant<int, 1>(), m); break;
+        default: break;
+    }
 }
 
 template <int R, int PREFETCH, class Y>
@@ -521,19 +547,21 @@ DP_TARGET void dp_linear_at(const uint16_t* x, const uint16_t* w, const Epilogue
         // ... in panels of rows whose x fits L1 beside the tile's weights (DP_PANEL_BYTES; AMD EPYC
         // Zen 4, 2 threads, SmolLM2's layer stack, scripts/stack_ab.py: 16 / 32-token passes
         // 0.95-0.97x / 0.93-0.95x the time, 64 / 256 the same)
+        // (a last 1 or 2 rows join the panel before them: by_dp_row_tiles then ends it with 5 or 6)
         const int64_t panel = std::max<int64_t>(4, DP_PANEL_BYTES / (2 * K) / 4 * 4);
-        for (int64_t p0 = 0; p0 < M; p0 += panel) {
-            const int64_t rows = std::min(panel, M - p0);
+        for (int64_t p0 = 0; p0 < M;) {
+            const int64_t rows = M - p0 - panel <= 2 ? M - p0 : panel;
             const uint16_t* xp = x + p0 * K;
             Y* yp = y + p0 * ldy;
             by_column_tiles<4>(n0, n1, [&](auto c, int64_t n) __attribute__((always_inline)) {
-                by_row_tiles(rows, [&](auto r, int64_t m) __attribute__((always_inline)) {
+                by_dp_row_tiles(rows, [&](auto r, int64_t m) __attribute__((always_inline)) {
                     if (m == 0 && p0 == 0)
                         dp_rows<decltype(r)::value, FIRST>(xp, w, K, yp, ldy, n, n + decltype(c)::value, e);
                     else
                         dp_rows<decltype(r)::value, LATER>(xp + m * K, w, K, yp + m * ldy, ldy, n, n + decltype(c)::value, e);
                 });
             });
+            p0 += rows;
         }
     }
 }
@@ -548,6 +576,7 @@ DP_TARGET void dp_linear(const uint16_t* x, const uint16_t* w, const Epilogue& e
 }
 #else
 int amx_request() { return 0; }
+int dp_prefetch = 0, dp_tail = 0;  // the AVX-512 BF16 products' switches (set_dp_switch keeps them 0)
 #endif
 
 template <class W, class Y>
@@ -3253,14 +3282,16 @@ int set_bf16_kernel(int kernel) {
 
 // Where the products ask for their weights ahead (tile_prefetch, dp_prefetch, grouped_prefetch: 0 into L1, 1 into
 // L2): only speed differs, so it may change at any time. Return the level now in use.
-int set_dp_prefetch(int level) {
+static inline int set_dp_switch(int& flag, int on) {  // 0 where this build lacks the AVX-512 BF16 code
 #ifdef SPECDEC_AMX
-    dp_prefetch = level == 1 ? 1 : 0;
-    return dp_prefetch;
-#else
-    return 0;
+    flag = on == 1 ? 1 : 0;
 #endif
+    return flag;
 }
+int set_dp_prefetch(int level) { return set_dp_switch(dp_prefetch, level); }
+// How AVX-512 BF16 products past 4 rows end (dp_tail: 0 in 1- or 2-row tiles, 1 in a 5- or 6-row
+// one): only speed differs. Return the choice now in use.
+int set_dp_tail(int whole) { return set_dp_switch(dp_tail, whole); }
 int set_tile_prefetch(int level) {
     tile_prefetch = level == 1 ? 1 : 0;
     return tile_prefetch;

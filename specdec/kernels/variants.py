@@ -43,8 +43,11 @@ the time and its 8-token pass 1.01x / 0.80x, and Qwen2.5-Coder's 5-token pass 0.
 tile_prefetch, dp_prefetch and grouped_prefetch); other CPUs measure it.
 SPECDEC_BF16_KERNEL=avx2|amx|avx512, SPECDEC_GROUPED_KERNEL=avx2|vnni|avx2-columns,
 SPECDEC_GROUPED_WIDE_KERNEL=vnni|amx, SPECDEC_ATTENTION_KERNEL=avx2|avx512|avx512bf16,
-SPECDEC_TILE_PREFETCH_KERNEL, SPECDEC_DP_PREFETCH_KERNEL and SPECDEC_GROUPED_PREFETCH_KERNEL=l1|l2
-set them by hand."""
+"dp_tail": whether AVX-512 BF16 products past 4 rows end in tiles of 1-2 rows ("split") or of 5-6
+("whole"); the same bits. On an AMD EPYC Zen 5 "whole" made SmolLM2's 5- / 6-token passes 0.87-0.90x /
+0.84-0.90x the time (a 1-row tile's one sum a column in flight is bound by the dot products' latency).
+SPECDEC_TILE_PREFETCH_KERNEL, SPECDEC_DP_PREFETCH_KERNEL and SPECDEC_GROUPED_PREFETCH_KERNEL=l1|l2,
+SPECDEC_DP_TAIL_KERNEL=split|whole set them by hand."""
 from __future__ import annotations
 
 import ctypes
@@ -78,6 +81,26 @@ def _bf16_pass(lib: ctypes.CDLL, kernel: str) -> Callable[[int], float]:
     def seconds(M: int) -> float:
         x, y = torch.full((M, K), 0.5, dtype=torch.bfloat16), torch.empty(M, N, dtype=torch.bfloat16)
         return _seconds(lambda: [lib.linear_bf16(x.data_ptr(), 1, w.data_ptr(), None, y.data_ptr(), 1, M, N, K)
+                                 for w in weights])
+    return seconds
+
+
+def _bf16_layers_pass(lib: ctypes.CDLL, kernel: str) -> Callable[[int], float]:
+    """Seconds of M rows through 16 layers' worth of a small model's projections in bfloat16 (SmolLM2's
+    shapes: gate/up, down, q/k/v, o; 113 MB, beyond the caches), on the kernel set. Where the weights are
+    asked for ahead and how the row tiles end depend on the shapes: on an AMD EPYC Zen 5, _bf16_pass's
+    2048 x 2048 matrices timed "l1" and "l2" alike by the VM's noise, while these, like SmolLM2's passes,
+    time "l2" 1.09x / 1.32x slower at 4 / 8 rows."""
+    import torch
+
+    shapes = [(3072, 576), (576, 1536), (960, 576), (576, 576)] * 16
+    weights = [torch.full(shape, 0.01, dtype=torch.bfloat16) for shape in shapes]
+
+    def seconds(M: int) -> float:
+        xs = {K: torch.full((M, K), 0.5, dtype=torch.bfloat16) for K in (576, 1536)}
+        ys = {N: torch.empty(M, N, dtype=torch.bfloat16) for N in (3072, 960, 576)}
+        return _seconds(lambda: [lib.linear_bf16(xs[w.shape[1]].data_ptr(), 1, w.data_ptr(), None,
+                                                 ys[w.shape[0]].data_ptr(), 1, M, w.shape[0], w.shape[1])
                                  for w in weights])
     return seconds
 
@@ -165,12 +188,16 @@ VARIANTS = (
             (frozenset({"avx512f", "avx512bw"}), frozenset({"avx512f", "avx512bw", "avx512_bf16"}))),
     # where the products ask for the weights ahead: into L1 or L2 (rows.cpp tile_prefetch,
     # dp_prefetch, grouped_prefetch); the same bits, so only speed differs
-    Variant("tile_prefetch", ("l1", "l2"), "set_tile_prefetch", _bf16_pass,
+    Variant("tile_prefetch", ("l1", "l2"), "set_tile_prefetch", _bf16_layers_pass,
             (frozenset(),), widths=(1, 4, 8), needs=("bf16", "avx2")),
-    Variant("dp_prefetch", ("l1", "l2"), "set_dp_prefetch", _bf16_pass,
+    Variant("dp_prefetch", ("l1", "l2"), "set_dp_prefetch", _bf16_layers_pass,
             (frozenset(),), widths=(1, 4, 8), needs=("bf16", "avx512")),
     Variant("grouped_prefetch", ("l1", "l2"), "set_grouped_prefetch", lambda lib, kernel: _grouped_pass(lib, "vnni"),
             (frozenset(),), widths=(3, 5, 8), needs=("grouped", "vnni")),
+    # how AVX-512 BF16 products past 4 rows end: in 1- or 2-row tiles ("split") or one 5- or 6-row
+    # tile ("whole"; rows.cpp dp_tail); the same bits
+    Variant("dp_tail", ("split", "whole"), "set_dp_tail", _bf16_layers_pass,
+            (frozenset(),), widths=(5, 6), needs=("bf16", "avx512")),
 )
 
 
