@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from specdec.engine.batch_limits import BatchEntry, draft_limits, one_node_each
+from specdec.engine.batch_limits import BatchEntry, draft_limits, one_node_each, reads_with_others
 from specdec.engine.core import Engine
 from specdec.engine.sequence import Sequence
 from specdec.errors import SpecdecError
@@ -219,14 +219,13 @@ class BatchDrafting:
     def propose_eagle_nodes(self, entries: list[BatchEntry], ready: list[int], budgets: list[int],
                             early: dict[int, tuple[Proposal, float]], proposals: dict[int, Proposal],
                             seconds: dict[int, float]) -> None:
-        """The one-node drafts of greedy EAGLE forks (without penalties or a grammar, which the
-        tree's rows carry), read together (spec/proposers/batch_eagle.py), into proposals and
-        seconds; with fewer than two of them, each fork drafts alone."""
+        """The one-node drafts of EAGLE forks that may be read together (batch_limits.reads_with_others),
+        read together (spec/proposers/batch_eagle.py), into proposals and seconds; with fewer than
+        two of them, each fork drafts alone."""
         if self.eagle_heads is None:
             return
         slots = [slot for slot, budget in zip(ready, budgets)
-                 if budget == 1 and entries[slot].forked and slot not in early
-                 and entries[slot].seq.params.greedy and entries[slot].seq.history is None]
+                 if budget == 1 and entries[slot].forked and slot not in early and reads_with_others(entries[slot].seq)]
         if len(slots) < 2:
             return
         t0 = time.perf_counter()

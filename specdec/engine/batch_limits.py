@@ -58,9 +58,14 @@ def draft_limits(entries: list[BatchEntry], ready: list[int], runner: BatchRunne
     return limits
 
 
+def reads_with_others(seq: Sequence) -> bool:
+    """Whether an EAGLE fork's one-node draft for seq may be read with other forks' (greedy, no
+    penalties or grammar: a tree's rows carry those)."""
+    return seq.params.greedy and seq.history is None
+
+
 def one_node_each(entries: list[BatchEntry], ready: list[int], limits: list[int]) -> bool:
     """Whether two or more forked sequences may draft and each would draft one node that EAGLE's
-    batch reads with the others: a limit of one, greedy, no penalties or grammar (which a tree's
-    rows carry)."""
+    batch reads with the others (a limit of one, reads_with_others)."""
     forked = [(entries[slot].seq, lim) for slot, lim in zip(ready, limits) if entries[slot].forked and lim]
-    return len(forked) > 1 and all(lim == 1 and seq.params.greedy and seq.history is None for seq, lim in forked)
+    return len(forked) > 1 and all(lim == 1 and reads_with_others(seq) for seq, lim in forked)
