@@ -32,11 +32,6 @@ class BatchEagleHeads:
                                   max_batch)
         self.slots = 0  # forks made so far, each on its own slot
 
-    @property
-    def batched(self) -> bool:
-        """Whether the head runs on the one-call stack, which reads rows of several slots at once."""
-        return self.proposer.head.stack is not None
-
     def fork(self) -> EagleProposer:
         """A new fork whose head cache is the next slot (a batch makes at most max_batch forks)."""
         if self.slots == self.cache.batch_size:
@@ -60,10 +55,11 @@ class BatchEagleHeads:
             if taken is None:
                 continue
             rows, earlier = taken
-            m, start = rows.shape[0], fork.offset + fork.committed  # start: a context position
+            m = rows.shape[0]
+            next_tokens, rows_positions = fork.next_rows(m, context)
             feats.append(rows)
-            tokens += context[start + 1:start + m + 1]
-            positions += range(start, start + m)
+            tokens += next_tokens
+            positions += rows_positions
             write += range(fork.committed, fork.committed + m)
             base += [fork.cache.b * stride] * m
             earlier_rows += earlier

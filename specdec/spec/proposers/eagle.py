@@ -146,11 +146,16 @@ class EagleProposer:
         self.cache.rollback(0)
         self.committed = 0
 
+    def next_rows(self, m: int, context: list[int]) -> tuple[list[int], range]:
+        """The tokens paired with the next m features the head reads (each position's next
+        token) and those features' context positions."""
+        start = self.offset + self.committed  # a context position (the cache's row `committed`)
+        return context[start + 1:start + m + 1], range(start, start + m)
+
     def _feed(self, feats: torch.Tensor, context: list[int]) -> torch.Tensor:
-        m, start = feats.shape[0], self.offset + self.committed  # start: a context position
-        next_tokens = torch.tensor(context[start + 1:start + m + 1])
-        out = self.head(feats[None], self.embed(next_tokens)[None], torch.arange(start, start + m), self.cache)
-        self.committed += m
+        next_tokens, positions = self.next_rows(feats.shape[0], context)
+        out = self.head(feats[None], self.embed(torch.tensor(next_tokens))[None], torch.tensor(positions), self.cache)
+        self.committed += feats.shape[0]
         return out[0]
 
     @torch.inference_mode()
